@@ -1,0 +1,43 @@
+# Quantization, Hands On: two commands.
+#   make lab    set up .venv (once) and open the course in JupyterLab at lesson 00
+#   make test   set up .venv (once) and run every test (unit tests + nbval over all notebooks)
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup lab test exercises render model bench clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -r requirements.txt
+	$(PY) -m pip install --no-deps -e .
+	touch $(STAMP)
+
+lab: setup
+	$(VENV)/bin/jupyter lab notebooks/00_the_bill.ipynb $(LAB_ARGS)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Regenerate exercises/ from solutions/ (CI fails when they are out of sync).
+exercises: setup
+	$(PY) -m course_lib.exercises
+
+# Build a rendered copy of every notebook, with outputs, into rendered/ (not committed).
+render: setup
+	$(PY) -m course_lib.render
+
+# Retrain the bundled tiny model (about 30 minutes on 2 CPU cores).
+model: setup
+	$(PY) -m course_lib.train
+
+# Run the decode-speed benchmark on this machine; writes results/bench_<device>.json.
+bench: setup
+	$(PY) -m kernels.bench
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,15 @@
+"""course_lib: the shared library of *Quantization, Hands On*.
+
+Every public function names, in its docstring, the notebook that teaches it.
+Modules (each imported on demand, so `import course_lib` stays cheap):
+
+- ``device``   what machine this is; Triton interpreter mode on a CPU (every notebook)
+- ``compare``  one comparison helper: exact / allclose / max abs diff / SQNR
+- ``checks``   self-checking exercises: ``check(exercise_id, fn)``
+- ``hardware`` catalogue of GPUs and models; memory and decode-floor calculators (lesson 00)
+- ``formats``  number formats bit by bit (lesson 01)
+- ``quant``    quantizers, block formats, packing, error metrics (lessons 02-03)
+- ``model``, ``eval``, ``activations``, ``qmodel`` the bundled model and its tooling (lesson 04)
+- ``bench``    timing and the roofline (lessons 00, 09, 10)
+"""
+__version__ = "0.1.0"

@@ -1,0 +1,204 @@
+"""Self-checking exercises: ``check(exercise_id, fn)`` (every lesson's exercise notebook).
+
+Each exercise is registered once, in ``course_lib/checks/lessonNN.py``, with
+
+- a reference implementation (the library's own code: one source per algorithm),
+- cases: many inputs, edge cases included (each with a label a learner can read),
+- a hint, shown on failure,
+- plausible wrong implementations, which ``tests/test_checks.py`` feeds to the checker
+  to prove that it rejects each one.
+
+``check`` runs the learner's function on every case and prints what passed. On a failure
+it shows the input, the expected and the actual value, and the hint. When the function
+raises ``NotImplementedError`` (an unsolved exercise) it prints "not yet implemented" and
+does not raise, so unsolved notebooks still run top to bottom.
+
+The environment variable ``COURSE_CHECKS`` makes checks strict for CI:
+``learner`` (default) never raises; ``exercises`` raises on a wrong answer but not on an
+unsolved one; ``solutions`` raises unless the answer passes.
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+import os
+import pkgutil
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from course_lib.compare import cmp
+
+
+@dataclass
+class Case:
+    """One input to an exercise. ``raises``: the learner's function must raise this type."""
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    label: str = ""
+    raises: type[BaseException] | None = None
+
+
+@dataclass
+class Exercise:
+    """An exercise: reference, cases, hint and known wrong answers (see module docstring)."""
+    id: str
+    title: str
+    reference: Callable
+    cases: Callable[[], list[Case]]
+    hint: str
+    wrong: list[Callable] = field(default_factory=list)
+    rtol: float = 1e-5
+    atol: float = 1e-8
+    check_dtype: bool = True
+
+
+EXERCISES: dict[str, Exercise] = {}
+_LOADED = False
+
+
+def register(ex: Exercise) -> Exercise:
+    """Add an exercise to the registry (called by the ``lessonNN`` modules)."""
+    if ex.id in EXERCISES:
+        raise ValueError(f"exercise id {ex.id!r} registered twice")
+    EXERCISES[ex.id] = ex
+    return ex
+
+
+def load_all() -> dict[str, Exercise]:
+    """Import every ``course_lib/checks/lesson*.py`` once, so all exercises are registered."""
+    global _LOADED
+    if not _LOADED:
+        for mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+            if mod.startswith("lesson"):
+                importlib.import_module(f"{__name__}.{mod}")
+        _LOADED = True
+    return EXERCISES
+
+
+def _short(x: Any, limit: int = 300) -> str:
+    if hasattr(x, "detach"):
+        t = x.detach().cpu()
+        body = np.array2string(t.float().numpy(), threshold=12, precision=5, edgeitems=3)
+        s = f"tensor(shape={tuple(t.shape)}, dtype={t.dtype}) {body}"
+    elif isinstance(x, np.ndarray):
+        body = np.array2string(x, threshold=12, precision=5, edgeitems=3)
+        s = f"array(shape={x.shape}, dtype={x.dtype}) {body}"
+    elif isinstance(x, (tuple, list)) and len(x) <= 8:
+        inner = ", ".join(_short(v, limit // 2) for v in x)
+        s = f"({inner})" if isinstance(x, tuple) else f"[{inner}]"
+    else:
+        s = repr(x)
+    s = " ".join(s.split())
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def compare_answer(expected, actual, rtol: float, atol: float, check_dtype: bool) -> str | None:
+    """None when ``actual`` matches ``expected``; otherwise what is wrong, in words."""
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict):
+            return f"expected a dict, got {type(actual).__name__}"
+        if set(expected) != set(actual):
+            return f"expected keys {sorted(expected)}, got {sorted(actual)}"
+        for k in expected:
+            p = compare_answer(expected[k], actual[k], rtol, atol, check_dtype)
+            if p:
+                return f"[{k!r}] {p}"
+        return None
+    if isinstance(expected, tuple):
+        if not isinstance(actual, (tuple, list)):
+            return f"expected a tuple of {len(expected)} values, got {type(actual).__name__}"
+        if len(actual) != len(expected):
+            return f"expected a tuple of {len(expected)} values, got {len(actual)}"
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            p = compare_answer(e, a, rtol, atol, check_dtype)
+            if p:
+                return f"item {i}: {p}"
+        return None
+    if isinstance(expected, (str, bool, np.bool_)) or expected is None:
+        if type(expected) is bool or isinstance(expected, np.bool_):
+            ok = isinstance(actual, (bool, np.bool_)) and bool(actual) == bool(expected)
+        else:
+            ok = actual == expected
+        return None if ok else f"expected {expected!r}, got {actual!r}"
+    if actual is None:
+        return "your function returned None (did you forget `return`?)"
+    result = cmp("answer", expected, actual, rtol=rtol, atol=atol, check_dtype=check_dtype)
+    return None if result else result.problem
+
+
+@dataclass
+class CheckResult:
+    """What ``check`` found; truthy only when every case passed."""
+    exercise_id: str
+    status: str  # "passed", "failed", "not implemented"
+    passed: int = 0
+    total: int = 0
+    report: str = ""
+
+    def __bool__(self) -> bool:
+        return self.status == "passed"
+
+    def __repr__(self) -> str:
+        return f"CheckResult({self.exercise_id!r}, {self.status!r}, {self.passed}/{self.total})"
+
+
+def _mode() -> str:
+    mode = os.environ.get("COURSE_CHECKS", "learner")
+    if mode not in ("learner", "exercises", "solutions"):
+        raise ValueError(f"COURSE_CHECKS={mode!r}: use learner, exercises or solutions")
+    return mode
+
+
+def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
+    """Run ``fn`` on every case of exercise ``exercise_id`` and say what passed (every lesson)."""
+    exercises = load_all()
+    if exercise_id not in exercises:
+        raise KeyError(f"unknown exercise {exercise_id!r}; known: {', '.join(sorted(exercises))}")
+    ex = exercises[exercise_id]
+    cases = ex.cases()
+    say = (lambda *a: None) if quiet else print
+    for i, case in enumerate(cases):
+        where = f"case {i + 1}/{len(cases)}" + (f" ({case.label})" if case.label else "")
+        shown_input = _short(case.args if not case.kwargs else (case.args, case.kwargs))
+        try:
+            actual = fn(*copy.deepcopy(case.args), **copy.deepcopy(case.kwargs))
+        except NotImplementedError:
+            report = f"{exercise_id} ({ex.title}): not yet implemented. Hint: {ex.hint}"
+            say(report)
+            if _mode() == "solutions":
+                raise AssertionError(report)
+            return CheckResult(exercise_id, "not implemented", 0, len(cases), report)
+        except Exception as err:  # the learner's code raised: say what and where
+            if case.raises is not None and isinstance(err, case.raises):
+                continue
+            tb = traceback.format_exception_only(type(err), err)[-1].strip()
+            problem = f"your function raised {tb}"
+        else:
+            if case.raises is not None:
+                problem = (f"expected your function to raise {case.raises.__name__} for this "
+                           f"input, but it returned {_short(actual, 120)}")
+            else:
+                expected = ex.reference(*copy.deepcopy(case.args), **copy.deepcopy(case.kwargs))
+                problem = compare_answer(expected, actual, ex.rtol, ex.atol, ex.check_dtype)
+                if problem:
+                    problem += f"\n    expected: {_short(expected)}\n    actual:   {_short(actual)}"
+        if problem:
+            report = (f"{exercise_id} ({ex.title}): {where} FAILED\n    input:    {shown_input}\n"
+                      f"    problem:  {problem}\n    hint:     {ex.hint}\n"
+                      f"    ({i} of {len(cases)} cases passed before this one)")
+            say(report)
+            if _mode() != "learner":
+                raise AssertionError(report)
+            return CheckResult(exercise_id, "failed", i, len(cases), report)
+    labels = ", ".join(c.label for c in cases if c.label)
+    report = f"{exercise_id} ({ex.title}): all {len(cases)} cases passed" + (
+        f" (including: {labels})" if labels else "")
+    say(report)
+    return CheckResult(exercise_id, "passed", len(cases), len(cases), report)
+
+
+__all__ = ["Case", "Exercise", "register", "check", "load_all", "EXERCISES", "CheckResult",
+           "compare_answer"]

@@ -1,0 +1,123 @@
+"""One comparison helper, used everywhere: exact / allclose / max abs diff / SQNR.
+
+Taught in lesson 02 (error metrics) and used by every checker and kernel test.
+Works on numbers, numpy arrays and torch tensors.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def to_numpy(x) -> np.ndarray:
+    """Turn a number, list, numpy array or torch tensor into a float64 numpy array."""
+    if hasattr(x, "detach"):  # torch tensor (any dtype, any device)
+        import torch
+
+        x = x.detach().to("cpu")
+        if x.dtype not in (torch.float64, torch.float32, torch.int64, torch.int32, torch.bool):
+            x = x.to(torch.float32)
+        x = x.numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def sqnr_db(reference, approx) -> float:
+    """Signal-to-quantization-noise ratio in dB: 10 log10(sum ref^2 / sum (ref - approx)^2).
+
+    Infinite when the two agree exactly (lesson 02).
+    """
+    ref, app = to_numpy(reference), to_numpy(approx)
+    noise = float(np.sum((ref - app) ** 2))
+    signal = float(np.sum(ref ** 2))
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
+@dataclass
+class Comparison:
+    """Result of ``cmp``: truthy when the two agree within tolerance."""
+    name: str
+    exact: bool
+    close: bool
+    max_abs_diff: float
+    sqnr_db: float
+    problem: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.close and self.problem is None
+
+    def __str__(self) -> str:
+        if self.problem:
+            return f"{self.name}: {self.problem}"
+        verdict = "exact" if self.exact else ("allclose" if self.close else "DIFFERENT")
+        return (f"{self.name}: {verdict}, max abs diff {self.max_abs_diff:.3g}, "
+                f"SQNR {self.sqnr_db:.1f} dB")
+
+
+def _kind(x) -> str:
+    if hasattr(x, "detach"):
+        return "torch.Tensor"
+    if isinstance(x, np.ndarray):
+        return "numpy.ndarray"
+    if isinstance(x, (bool, np.bool_)):
+        return "bool"
+    if isinstance(x, (int, float, np.integer, np.floating)):
+        return "number"
+    return type(x).__name__
+
+
+def cmp(name: str, expected, actual, rtol: float = 1e-5, atol: float = 1e-8,
+        check_dtype: bool = True, verbose: bool = False) -> Comparison:
+    """Compare ``actual`` with ``expected``: kind, shape, dtype, NaN, then closeness.
+
+    Returns a ``Comparison`` whose ``problem`` says in words what is wrong (wrong kind of
+    object, wrong shape, wrong dtype, NaN where there should be none, or too far off).
+    """
+    ek, ak = _kind(expected), _kind(actual)
+    if ek in ("torch.Tensor", "numpy.ndarray") and ak != ek:
+        return Comparison(name, False, False, math.inf, -math.inf,
+                          f"expected a {ek}, got {ak} ({type(actual).__name__})")
+    if ek == "number" and ak not in ("number", "bool"):
+        if not (ak in ("torch.Tensor", "numpy.ndarray") and to_numpy(actual).size == 1):
+            return Comparison(name, False, False, math.inf, -math.inf,
+                              f"expected a number, got {type(actual).__name__}")
+    try:
+        e, a = to_numpy(expected), to_numpy(actual)
+    except (TypeError, ValueError) as err:
+        return Comparison(name, False, False, math.inf, -math.inf,
+                          f"could not read the answer as numbers ({err})")
+    if ek in ("torch.Tensor", "numpy.ndarray") and e.shape != a.shape:
+        return Comparison(name, False, False, math.inf, -math.inf,
+                          f"expected shape {tuple(e.shape)}, got shape {tuple(a.shape)}")
+    if check_dtype and ek == ak and ek in ("torch.Tensor", "numpy.ndarray"):
+        if str(expected.dtype) != str(actual.dtype):
+            return Comparison(name, False, False, math.inf, -math.inf,
+                              f"expected dtype {expected.dtype}, got dtype {actual.dtype}")
+    e, a = e.reshape(-1), a.reshape(-1)
+    if e.size != a.size:
+        return Comparison(name, False, False, math.inf, -math.inf,
+                          f"expected {e.size} values, got {a.size}")
+    bad_nan = np.isnan(a) & ~np.isnan(e)
+    if bad_nan.any():
+        return Comparison(name, False, False, math.inf, -math.inf,
+                          f"got NaN at {int(bad_nan.sum())} of {a.size} positions "
+                          f"(first at flat index {int(np.argmax(bad_nan))})")
+    same = (e == a) | (np.isnan(e) & np.isnan(a))
+    exact = bool(same.all())
+    finite = np.isfinite(e) & np.isfinite(a)
+    diff = np.abs(e - a)[finite]
+    max_diff = float(diff.max()) if diff.size else 0.0
+    close = bool(np.all(same | (finite & (np.abs(e - a) <= atol + rtol * np.abs(e)))))
+    result = Comparison(name, exact, close, max_diff, sqnr_db(e[finite], a[finite]))
+    if not close:
+        idx = int(np.argmax(~(same | (finite & (np.abs(e - a) <= atol + rtol * np.abs(e))))))
+        result.problem = (f"values differ: max abs diff {max_diff:.4g}; first mismatch at flat "
+                          f"index {idx}: expected {e[idx]:.6g}, got {a[idx]:.6g}")
+    if verbose:
+        print(result)
+    return result

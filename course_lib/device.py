@@ -1,0 +1,148 @@
+"""What machine is this? GPU detection, native formats and Triton's interpreter mode.
+
+Taught in every notebook's first cell (``device.summary()``), and in lesson 09 (kernels).
+
+On a machine without a CUDA GPU, Triton kernels can still run through the Triton
+interpreter, but only if ``TRITON_INTERPRET=1`` is set *before* ``import triton``.
+``ensure_triton_mode()`` does that, and ``kernels`` calls it before importing triton.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from dataclasses import dataclass, field
+
+# Minimum CUDA compute capability for native maths in each format (lesson 09, lesson 12).
+# FP8 tensor-core maths: Ada (8.9), Hopper (9.0), Blackwell (10.x, 12.x).
+# FP4 (NVFP4 / MXFP4) tensor-core maths: Blackwell only (10.0+).
+NATIVE_FORMAT_MIN_CC = {
+    "fp32": (0, 0),
+    "fp16": (7, 0),   # tensor cores from Volta
+    "int8": (7, 5),   # INT8 tensor cores from Turing
+    "bf16": (8, 0),   # Ampere
+    "fp8": (8, 9),    # Ada, Hopper, Blackwell
+    "fp4": (10, 0),   # Blackwell
+}
+
+
+@dataclass
+class DeviceInfo:
+    """What ``detect()`` found. ``kind`` is "cuda" or "cpu"."""
+    kind: str
+    name: str
+    compute_capability: tuple[int, int] | None = None
+    memory_gb: float | None = None
+    cpu_count: int = 1
+    triton_interpret: bool = False
+    native_formats: list[str] = field(default_factory=list)
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.kind == "cuda"
+
+
+def native_formats_for(compute_capability: tuple[int, int] | None) -> list[str]:
+    """Formats whose matrix maths runs natively at this compute capability (lesson 09).
+
+    ``None`` means a CPU: we list fp32 and bf16 (CPUs compute both, bf16 often emulated).
+    """
+    if compute_capability is None:
+        return ["fp32", "bf16"]
+    return [f for f, cc in NATIVE_FORMAT_MIN_CC.items() if tuple(compute_capability) >= cc]
+
+
+def _cuda_available() -> bool:
+    import torch  # imported here so `import course_lib.device` stays cheap
+
+    return torch.cuda.is_available()
+
+
+def ensure_triton_mode() -> bool:
+    """Put Triton in interpreter mode when there is no CUDA GPU; return True if interpreting.
+
+    Must run before ``import triton``. If triton was already imported without the variable
+    on a CPU machine, kernels would fail later with "0 active drivers": we raise now instead,
+    with what to do.
+    """
+    if _cuda_available():
+        return os.environ.get("TRITON_INTERPRET") == "1"
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        if "triton" in sys.modules:
+            raise RuntimeError(
+                "triton was imported before course_lib could set TRITON_INTERPRET=1, and this "
+                "machine has no CUDA GPU, so Triton kernels cannot launch. Restart the kernel and "
+                "import course_lib (or kernels) before triton, or set TRITON_INTERPRET=1 yourself "
+                "before importing triton."
+            )
+        os.environ["TRITON_INTERPRET"] = "1"
+    return True
+
+
+def detect() -> DeviceInfo:
+    """Detect the GPU (name, compute capability, memory) or its absence (every notebook)."""
+    import torch
+
+    interpret = ensure_triton_mode()
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        cc = (props.major, props.minor)
+        return DeviceInfo(
+            kind="cuda",
+            name=props.name,
+            compute_capability=cc,
+            memory_gb=props.total_memory / 1e9,
+            cpu_count=os.cpu_count() or 1,
+            triton_interpret=interpret,
+            native_formats=native_formats_for(cc),
+        )
+    name = platform.processor() or platform.machine() or "CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return DeviceInfo(
+        kind="cpu",
+        name=name,
+        cpu_count=os.cpu_count() or 1,
+        triton_interpret=interpret,
+        native_formats=native_formats_for(None),
+    )
+
+
+def require_gpu(what: str) -> None:
+    """Raise a clear error when a GPU-only path is called on a CPU machine (lessons 09-10)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"{what} needs a CUDA GPU and this machine has none. On a CPU, use the plain-torch "
+            "reference or the Triton interpreter on small shapes (TRITON_INTERPRET=1), as the "
+            "lesson's CPU cells do."
+        )
+
+
+def summary(info: DeviceInfo | None = None) -> DeviceInfo:
+    """Print what this machine is and what it computes natively (first cell of every notebook)."""
+    import torch
+
+    info = info or detect()
+    print(f"Python {platform.python_version()}, torch {torch.__version__}")
+    if info.has_gpu:
+        cc = ".".join(map(str, info.compute_capability))
+        print(f"GPU: {info.name}, compute capability {cc}, {info.memory_gb:.0f} GB")
+        print("Triton: native kernels on the GPU")
+    else:
+        print(f"No CUDA GPU: running on the CPU ({info.name}, {info.cpu_count} cores)")
+        print("Triton: interpreter mode (TRITON_INTERPRET=1): correct but slow, never timed")
+        print("GPU-only cells will say what they skip.")
+    print("Native matrix maths here:", ", ".join(info.native_formats))
+    missing = [f for f in ("fp8", "fp4") if f not in info.native_formats]
+    if missing:
+        print("Emulated (not native) here:", ", ".join(missing),
+              "(FP8 needs compute capability 8.9+, FP4 needs Blackwell 10.0+)")
+    return info

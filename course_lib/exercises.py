@@ -1,0 +1,133 @@
+"""Generate ``exercises/`` from ``solutions/`` (the single source), and check they agree.
+
+    python -m course_lib.exercises          # (re)write exercises/
+    python -m course_lib.exercises --check  # exit 1 if exercises/ is stale (tests run this)
+
+In a solution notebook, solution code sits between nbgrader's markers::
+
+    def absmax_scale(x, qmax):
+        ### BEGIN SOLUTION
+        # HINT: the largest |x| must land exactly on qmax
+        return np.abs(x).max() / qmax
+        ### END SOLUTION
+
+The generator replaces each block with ``raise NotImplementedError(...)``, keeping its
+indentation and any ``# HINT:`` lines as comments. Outputs and execution counts are
+dropped. Markdown cells may hold blocks too; they become "*(your answer here)*".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+HINT = re.compile(r"^\s*#\s*HINT:\s*(.*)$")
+
+
+def strip_solutions(source: str, markdown: bool = False) -> str:
+    """Replace every BEGIN/END SOLUTION block in ``source`` with a stub (see module doc)."""
+    out: list[str] = []
+    inside = False
+    indent = ""
+    hints: list[str] = []
+    for line in source.split("\n"):
+        stripped = line.strip()
+        if stripped == BEGIN:
+            if inside:
+                raise ValueError(f"nested {BEGIN!r} in:\n{source}")
+            inside, indent, hints = True, line[: len(line) - len(line.lstrip())], []
+            continue
+        if stripped == END:
+            if not inside:
+                raise ValueError(f"{END!r} without {BEGIN!r} in:\n{source}")
+            inside = False
+            if markdown:
+                out.append(indent + "*(your answer here)*")
+            else:
+                out.extend(f"{indent}# HINT: {h}" for h in hints)
+                out.append(f"{indent}# YOUR CODE HERE")
+                out.append(f'{indent}raise NotImplementedError("exercise: write this part")')
+            continue
+        if inside:
+            m = HINT.match(line)
+            if m:
+                hints.append(m.group(1))
+            continue
+        out.append(line)
+    if inside:
+        raise ValueError(f"{BEGIN!r} without {END!r} in:\n{source}")
+    return "\n".join(out)
+
+
+def clean_notebook(nb: dict) -> dict:
+    """Drop outputs, execution counts and volatile metadata (committed notebooks are clean)."""
+    nb = json.loads(json.dumps(nb))
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "code":
+            cell["outputs"] = []
+            cell["execution_count"] = None
+        cell.get("metadata", {}).pop("execution", None)
+    nb.get("metadata", {}).pop("widgets", None)
+    return nb
+
+
+def make_exercise(nb: dict) -> dict:
+    """The exercise version of a solution notebook."""
+    nb = clean_notebook(nb)
+    for cell in nb["cells"]:
+        src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        if BEGIN in src:
+            new = strip_solutions(src, markdown=cell["cell_type"] == "markdown")
+            cell["source"] = new.splitlines(keepends=True)
+    return nb
+
+
+def dumps(nb: dict) -> str:
+    """Serialise a notebook the way nbformat does (indent 1, trailing newline)."""
+    return json.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n"
+
+
+def expected_exercises(root: Path = ROOT) -> dict[Path, str]:
+    """Map each exercises/ path to the text it should have."""
+    result = {}
+    for sol in sorted((root / "solutions").glob("*.ipynb")):
+        nb = json.loads(sol.read_text())
+        result[root / "exercises" / sol.name] = dumps(make_exercise(nb))
+    return result
+
+
+def stale_exercises(root: Path = ROOT) -> list[str]:
+    """Paths in exercises/ that are missing, different, or have no solution notebook."""
+    want = expected_exercises(root)
+    problems = [str(p.relative_to(root)) for p, text in want.items()
+                if not p.exists() or p.read_text() != text]
+    problems += [str(p.relative_to(root)) + " (no matching solutions/ notebook)"
+                 for p in sorted((root / "exercises").glob("*.ipynb")) if p not in want]
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only report stale files")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = stale_exercises()
+        for s in stale:
+            print("stale:", s)
+        if stale:
+            print("Run `make exercises` (python -m course_lib.exercises) and commit the result.")
+        return 1 if stale else 0
+    (ROOT / "exercises").mkdir(exist_ok=True)
+    for path, text in expected_exercises().items():
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            print("wrote", path.relative_to(ROOT))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

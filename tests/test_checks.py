@@ -1,0 +1,111 @@
+"""Every registered exercise: the reference passes, and every known wrong answer is rejected.
+
+Plus the checker's own behaviour on unsolved, crashing, mis-shaped and NaN answers.
+"""
+import numpy as np
+import pytest
+
+from course_lib import checks
+from course_lib.checks import Case, Exercise, check
+
+EXERCISES = checks.load_all()
+
+
+@pytest.fixture(autouse=True)
+def learner_mode(monkeypatch):
+    monkeypatch.setenv("COURSE_CHECKS", "learner")
+
+
+def test_there_are_exercises():
+    assert len(EXERCISES) >= 2
+
+
+@pytest.mark.parametrize("ex_id", sorted(EXERCISES))
+def test_reference_passes(ex_id):
+    ex = EXERCISES[ex_id]
+    assert len(ex.cases()) >= 3, f"{ex_id}: a checker tries at least three inputs"
+    result = check(ex_id, ex.reference, quiet=True)
+    assert result, result.report
+
+
+@pytest.mark.parametrize("ex_id", sorted(EXERCISES))
+def test_every_known_wrong_answer_is_rejected(ex_id):
+    ex = EXERCISES[ex_id]
+    assert len(ex.wrong) >= 3, f"{ex_id}: give at least three plausible wrong implementations"
+    for i, wrong in enumerate(ex.wrong):
+        result = check(ex_id, wrong, quiet=True)
+        assert result.status == "failed", f"{ex_id}: wrong answer #{i} ({wrong.__name__}) passed"
+        assert "input:" in result.report and "hint:" in result.report
+
+
+# ---- the checker itself, on a toy exercise ---------------------------------------------------
+
+def _double(x):
+    return 2 * x
+
+
+TOY = Exercise(
+    id="toy.double", title="double an array", reference=_double,
+    cases=lambda: [Case((np.arange(4.0),), label="small"), Case((np.zeros(3),), label="zeros"),
+                   Case((np.array([1e30, -1e30]),), label="huge"),
+                   Case(("not an array",), raises=TypeError, label="bad input")],
+    hint="multiply by two")
+
+
+def _bad_input_double(x):
+    if isinstance(x, str):
+        raise TypeError("x must be an array")
+    return 2 * x
+
+
+@pytest.fixture
+def toy():
+    checks.EXERCISES[TOY.id] = TOY
+    yield TOY.id
+    del checks.EXERCISES[TOY.id]
+
+
+def test_checker_passes_a_right_answer(toy):
+    assert check(toy, _bad_input_double, quiet=True)
+
+
+def test_not_implemented_does_not_raise(toy, capsys):
+    def unsolved(x):
+        raise NotImplementedError
+    result = check(toy, unsolved)
+    assert result.status == "not implemented" and not result
+    assert "not yet implemented" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda x: (_ for _ in ()).throw(ZeroDivisionError("boom")), "raised ZeroDivisionError: boom"),
+    (lambda x: (2 * x)[:-1] if not isinstance(x, str) else _bad_input_double(x), "expected shape"),
+    (lambda x: (2 * x).astype(np.float32) if not isinstance(x, str) else _bad_input_double(x), "dtype"),
+    (lambda x: x * np.nan if not isinstance(x, str) else _bad_input_double(x), "NaN"),
+    (lambda x: None, "returned None"),
+    (lambda x: list(2 * x) if not isinstance(x, str) else _bad_input_double(x), "expected a numpy.ndarray"),
+    (lambda x: 3 * x if not isinstance(x, str) else _bad_input_double(x), "values differ"),
+    (lambda x: 2 * x if not isinstance(x, str) else "oops", "expected your function to raise TypeError"),
+])
+def test_failures_say_what_is_wrong(toy, fn, words, capsys):
+    result = check(toy, fn)
+    out = capsys.readouterr().out
+    assert result.status == "failed"
+    assert words in out and "input:" in out and "hint:     multiply by two" in out
+
+
+def test_strict_modes(toy, monkeypatch):
+    def unsolved(x):
+        raise NotImplementedError
+    monkeypatch.setenv("COURSE_CHECKS", "exercises")
+    assert check(toy, unsolved, quiet=True).status == "not implemented"
+    with pytest.raises(AssertionError, match="values differ"):
+        check(toy, lambda x: 3 * x, quiet=True)
+    monkeypatch.setenv("COURSE_CHECKS", "solutions")
+    with pytest.raises(AssertionError, match="not yet implemented"):
+        check(toy, unsolved, quiet=True)
+
+
+def test_unknown_exercise_lists_known_ones():
+    with pytest.raises(KeyError, match="known:"):
+        check("no.such.exercise", _double)

@@ -1,0 +1,42 @@
+"""The solutions -> exercises generator."""
+import pytest
+
+from course_lib.exercises import make_exercise, strip_solutions
+
+
+def test_block_becomes_not_implemented_with_indent_and_hint():
+    src = ("def f(x):\n    ### BEGIN SOLUTION\n    # HINT: use abs\n    return abs(x)\n"
+           "    ### END SOLUTION\n\nprint(1)")
+    out = strip_solutions(src)
+    assert "return abs(x)" not in out
+    assert "    # HINT: use abs\n" in out
+    assert '    raise NotImplementedError("exercise: write this part")' in out
+    assert out.endswith("\n\nprint(1)")
+    compile(out, "<exercise>", "exec")  # still valid Python
+
+
+def test_markdown_block():
+    out = strip_solutions("Answer:\n### BEGIN SOLUTION\n42\n### END SOLUTION", markdown=True)
+    assert "42" not in out and "*(your answer here)*" in out
+
+
+@pytest.mark.parametrize("bad", [
+    "### BEGIN SOLUTION\nx = 1",
+    "x = 1\n### END SOLUTION",
+    "### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION",
+])
+def test_unbalanced_markers_raise(bad):
+    with pytest.raises(ValueError):
+        strip_solutions(bad)
+
+
+def test_outputs_are_dropped():
+    nb = {"cells": [{"cell_type": "code", "metadata": {}, "execution_count": 3,
+                     "outputs": [{"output_type": "stream", "text": "hi"}],
+                     "source": ["x = 1\n", "### BEGIN SOLUTION\n", "y = 2\n", "### END SOLUTION"]}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    ex = make_exercise(nb)
+    cell = ex["cells"][0]
+    assert cell["outputs"] == [] and cell["execution_count"] is None
+    assert "y = 2" not in "".join(cell["source"])
+    assert nb["cells"][0]["outputs"], "the input notebook is not modified"
