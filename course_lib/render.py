@@ -1,0 +1,49 @@
+"""Build a rendered copy of the course, with outputs, into ``rendered/`` (never committed).
+
+    python -m course_lib.render                 # every notebook in notebooks/ and solutions/
+    python -m course_lib.render notebooks/00_the_bill.ipynb
+
+Each notebook runs from a fresh kernel, as a learner would run it, and is saved with its
+outputs; an instructor can then read it, or turn it into slides with
+``jupyter nbconvert --to slides rendered/notebooks/00_the_bill.ipynb``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def render(path: Path, out_root: Path, timeout_s: int = 900) -> float:
+    """Execute one notebook and write it with outputs under ``out_root``; return seconds taken."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    start = time.perf_counter()
+    NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    seconds = time.perf_counter() - start
+    target = out_root / path.relative_to(ROOT)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, target)
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Execute notebooks into rendered/ with outputs.")
+    parser.add_argument("paths", nargs="*", type=Path)
+    parser.add_argument("--out", type=Path, default=ROOT / "rendered")
+    args = parser.parse_args(argv)
+    paths = [p.resolve() for p in args.paths] or sorted(
+        p for d in ("notebooks", "solutions") for p in (ROOT / d).glob("*.ipynb"))
+    for p in paths:
+        print(f"{p.relative_to(ROOT)}: {render(p, args.out):.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
