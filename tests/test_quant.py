@@ -417,3 +417,33 @@ def test_block_formats_bad_input():
         Q.quantize_mxfp4(np.ones((2, 48)))
     with pytest.raises(ValueError, match="non-finite"):
         Q.quantize_nvfp4(np.array([[np.nan] * 16]))
+
+
+# ---------------------------------------------------------------- the playground widget
+
+def test_playground_stats_outlier_hurts_per_tensor_more_than_groups():
+    from course_lib.widgets.playground import playground_stats
+
+    calm = playground_stats("int", 4, "per_tensor", outlier=0.0)
+    wild = playground_stats("int", 4, "per_tensor", outlier=15.0)
+    grouped = playground_stats("int", 4, "per_group", 32, outlier=15.0)
+    assert wild["relative_rms_error"] > 2 * calm["relative_rms_error"]
+    assert wild["zeroed_fraction"] > 0.5 > calm["zeroed_fraction"]
+    assert grouped["relative_rms_error"] < wild["relative_rms_error"]
+    assert grouped["bits_per_weight"] == 4.5 and calm["bits_per_weight"] == pytest.approx(4 + 16 / 2048)
+    assert len(calm["levels_ordinary_group"]) == 15
+
+
+def test_playground_widget_updates():
+    from course_lib.widgets.playground import quantization_playground
+
+    box = quantization_playground()
+    first = box.summary.value
+    assert "int4" in first and "bits/weight" in first
+    box.controls["granularity"].value = "per_tensor"
+    box.controls["outlier"].value = 12.0
+    assert box.summary.value != first and box.stats["zeroed_fraction"] > 0.5
+    box.controls["fmt"].value = "nf4"
+    assert "nf4" in box.summary.value and box.controls["bits"].disabled
+    box.controls["fmt"].value = "fp8_e4m3"
+    assert box.stats["sqnr_db"] > 20

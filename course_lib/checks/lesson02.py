@@ -1,0 +1,261 @@
+"""Exercises of lesson 02, "Absmax and zero points" (solutions/02_absmax_and_zero_points.ipynb)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from course_lib import quant
+from course_lib.checks import Case, Exercise, register
+
+EX_A = [0.12, -0.45, 0.03, 0.88, -0.27, 0.51, -0.09, 0.34]
+EX_B = [0.423, -1.270, 0.081, 0.914, -0.337, 0.562, -0.708, 1.049]
+
+
+# ---------------------------------------------------------------- 02.absmax_quantize
+
+def _absmax_cases():
+    rng = np.random.default_rng(2)
+    return [
+        Case((np.array(EX_A), 8), label="worked example A, INT8"),
+        Case((np.array(EX_A), 4), label="worked example A, INT4"),
+        Case((np.array(EX_B), 4), label="worked example B, INT4"),
+        Case((np.array([-2.0, 0.5, 1.0, 0.25]), 4), label="largest magnitude is negative"),
+        Case((rng.normal(size=64), 3), label="64 random values, INT3"),
+        Case((np.array([0.3, -0.1, 0.05, 0.06]), 2), label="INT2: levels -1, 0, 1"),
+        Case((np.zeros(5), 8), label="all zeros (scale must not be 0)"),
+    ]
+
+
+def _wrong_absmax_pow2(x, bits):  # divides by 2**bits instead of qmax
+    scale = float(np.abs(x).max()) / 2 ** bits or 1.0
+    return np.clip(np.round(x / scale), -(2 ** (bits - 1) - 1), 2 ** (bits - 1) - 1).astype(np.int8), scale
+
+
+def _wrong_absmax_floor(x, bits):  # floor instead of round
+    qmax = 2 ** (bits - 1) - 1
+    scale = float(np.abs(x).max()) / qmax or 1.0
+    return np.clip(np.floor(x / scale), -qmax, qmax).astype(np.int8), scale
+
+
+def _wrong_absmax_signed_max(x, bits):  # max(x) instead of max(|x|)
+    qmax = 2 ** (bits - 1) - 1
+    scale = float(np.max(x)) / qmax or 1.0
+    return np.clip(np.round(x / scale), -qmax, qmax).astype(np.int8), scale
+
+
+def _wrong_absmax_no_zero_guard(x, bits):  # 0 / 0 on an all-zero input
+    qmax = 2 ** (bits - 1) - 1
+    scale = float(np.abs(x).max()) / qmax
+    with np.errstate(invalid="ignore", divide="ignore"):
+        q = np.clip(np.round(x / scale), -qmax, qmax).astype(np.int8)
+    return q, scale
+
+
+def _wrong_absmax_float_codes(x, bits):  # right numbers, codes left as floats
+    qmax = 2 ** (bits - 1) - 1
+    scale = float(np.abs(x).max()) / qmax or 1.0
+    return np.clip(np.round(x / scale), -qmax, qmax), scale
+
+
+register(Exercise(
+    id="02.absmax_quantize",
+    title="symmetric absmax quantization",
+    reference=quant.absmax_quantize,
+    cases=_absmax_cases,
+    hint=("qmax = 2**(bits-1) - 1 (127 for INT8, 7 for INT4); scale = max(|x|) / qmax; "
+          "q = clip(round(x / scale), -qmax, qmax) as np.int8. If max(|x|) is 0 use scale 1.0 "
+          "so nothing divides by zero. Return (q, scale) with scale a Python float."),
+    wrong=[_wrong_absmax_pow2, _wrong_absmax_floor, _wrong_absmax_signed_max,
+           _wrong_absmax_no_zero_guard, _wrong_absmax_float_codes],
+))
+
+
+# ---------------------------------------------------------------- 02.zero_point
+
+def _zp_cases():
+    return [
+        Case((-0.4, 1.1, 4), label="the lesson's range -0.4..1.1 in INT4"),
+        Case((-1.0, 1.0, 8), label="symmetric range in 8 bits"),
+        Case((0.2, 1.5, 4), label="range above zero (widen it to include 0)"),
+        Case((-3.0, -1.0, 8), label="range below zero"),
+        Case((-0.05, 0.7, 3), label="3 bits"),
+        Case((0.0, 0.0, 4), label="empty range (scale 1.0, zero 0)"),
+        Case((1.0, -1.0, 4), label="x_min > x_max must raise ValueError", raises=ValueError),
+    ]
+
+
+def _zp_guard(x_min, x_max):
+    if x_min > x_max:
+        raise ValueError("x_min > x_max")
+
+
+def _wrong_zp_no_widen(x_min, x_max, bits):  # range not widened to include 0
+    _zp_guard(x_min, x_max)
+    levels = 2 ** bits - 1
+    scale = (x_max - x_min) / levels
+    if scale == 0:
+        return 1.0, 0
+    return scale, int(min(max(round(-x_min / scale), 0), levels))
+
+
+def _wrong_zp_pow2(x_min, x_max, bits):  # 2**bits steps instead of 2**bits - 1
+    _zp_guard(x_min, x_max)
+    lo, hi = min(x_min, 0.0), max(x_max, 0.0)
+    scale = (hi - lo) / 2 ** bits
+    if scale == 0:
+        return 1.0, 0
+    return scale, int(min(max(round(-lo / scale), 0), 2 ** bits - 1))
+
+
+def _wrong_zp_sign(x_min, x_max, bits):  # zero = round(x_min / scale): wrong sign
+    _zp_guard(x_min, x_max)
+    lo, hi = min(x_min, 0.0), max(x_max, 0.0)
+    scale = (hi - lo) / (2 ** bits - 1)
+    if scale == 0:
+        return 1.0, 0
+    return scale, int(round(lo / scale))
+
+
+def _wrong_zp_unclamped_no_guard(x_min, x_max, bits):  # forgets the empty range
+    _zp_guard(x_min, x_max)
+    lo, hi = min(x_min, 0.0), max(x_max, 0.0)
+    scale = (hi - lo) / (2 ** bits - 1)
+    return scale, int(round(-lo / scale))
+
+
+register(Exercise(
+    id="02.zero_point",
+    title="scale and zero point of an asymmetric range",
+    reference=quant.zero_point,
+    cases=_zp_cases,
+    hint=("Widen the range to include 0 (lo = min(x_min, 0), hi = max(x_max, 0)); "
+          "scale = (hi - lo) / (2**bits - 1); zero = round(-lo / scale), clamped to "
+          "0..2**bits-1. An empty range (hi == lo) gets (1.0, 0). Raise ValueError when "
+          "x_min > x_max. Return (scale, zero) with zero an int."),
+    wrong=[_wrong_zp_no_widen, _wrong_zp_pow2, _wrong_zp_sign, _wrong_zp_unclamped_no_guard],
+))
+
+
+# ---------------------------------------------------------------- 02.dequantize
+
+def dequantize_codes(q, scale, zero=None):
+    """x^ = (q - zero) * scale for one scale over all of q, float64 (lesson 02 exercise).
+
+    Builds a per-tensor ``QTensor`` and calls ``quant.dequantize`` (the one source).
+    """
+    q = np.asarray(q)
+    qt = quant.QTensor(q=q, scale=np.full((1,) * q.ndim, scale, dtype=np.float64),
+                       zero=None if zero is None else np.full((1,) * q.ndim, zero, np.int32),
+                       fmt="int8", granularity="per_tensor", group_size=q.shape[-1],
+                       shape=tuple(q.shape), dtype="float64")
+    return quant.dequantize(qt)
+
+
+def _deq_cases():
+    rng = np.random.default_rng(5)
+    qa = quant.quantize(np.array([-0.4, 0.0, 0.3, 0.75, 1.1]), "int4", "per_tensor",
+                        symmetric=False)
+    return [
+        Case((np.array([17, -65, 4, 127], dtype=np.int8), 0.88 / 127, None),
+             label="symmetric INT8 codes, no zero point"),
+        Case((qa.q, 0.1, 4), label="asymmetric INT4 codes (uint8) with zero point 4"),
+        Case((np.array([0, 1, 2, 255], dtype=np.uint8), 0.02, 128),
+             label="uint8 codes below the zero point"),
+        Case((rng.integers(0, 16, size=(3, 8)).astype(np.uint8), 0.05, 7),
+             label="a 3 x 8 block of uint4 codes"),
+        Case((np.zeros(4, dtype=np.uint8), 0.1, 0), label="all codes zero"),
+    ]
+
+
+def _wrong_deq_no_zero(q, scale, zero=None):  # forgets the zero point
+    return q.astype(np.float64) * scale
+
+
+def _wrong_deq_uint8_wrap(q, scale, zero=None):  # subtracts in uint8: wraps below zero
+    zero = 0 if zero is None else zero
+    return ((q - np.asarray(zero, dtype=q.dtype)) * scale).astype(np.float64)
+
+
+def _wrong_deq_zero_after_scale(q, scale, zero=None):  # q * scale - zero
+    zero = 0 if zero is None else zero
+    return q.astype(np.float64) * scale - zero
+
+
+def _wrong_deq_plus_zero(q, scale, zero=None):  # adds the zero point instead
+    zero = 0 if zero is None else zero
+    return (q.astype(np.float64) + zero) * scale
+
+
+register(Exercise(
+    id="02.dequantize",
+    title="dequantize integer codes with a scale and zero point",
+    reference=dequantize_codes,
+    cases=_deq_cases,
+    hint=("x^ = (q - zero) * scale, and zero = 0 when it is None. Convert q to float64 "
+          "BEFORE subtracting: uint8 arithmetic wraps around (0 - 4 = 252)."),
+    wrong=[_wrong_deq_no_zero, _wrong_deq_uint8_wrap, _wrong_deq_zero_after_scale,
+           _wrong_deq_plus_zero],
+))
+
+
+# ---------------------------------------------------------------- 02.error_metrics
+
+def error_metrics(x, x_hat) -> dict:
+    """{"mae", "rmse", "sqnr_db"} of an approximation (lesson 02 exercise; calls quant)."""
+    return {"mae": quant.mae(x, x_hat), "rmse": quant.rmse(x, x_hat),
+            "sqnr_db": quant.sqnr_db(x, x_hat)}
+
+
+def _metric_cases():
+    rng = np.random.default_rng(7)
+    g = rng.normal(size=256)
+    xb = np.array(EX_B)
+    return [
+        Case((xb, quant.fake_quantize(xb, "int4", "per_tensor")), label="example B in INT4"),
+        Case((xb, quant.fake_quantize(xb, "int8", "per_tensor")), label="example B in INT8"),
+        Case((g, g + 0.1 * rng.normal(size=256)), label="noise at 1/10 of the signal"),
+        Case((np.array([1.0, -2.0, 2.0]), np.array([1.0, -1.0, 2.0])), label="one error of 1"),
+        Case((np.array([3.0, -4.0]), np.array([3.0, -4.0])), label="exact (SQNR is inf)"),
+    ]
+
+
+def _wrong_metrics_signed(x, x_hat):  # mean of signed errors: they cancel
+    e = x - x_hat
+    return {"mae": float(np.mean(e)), "rmse": float(np.sqrt(np.mean(e ** 2))),
+            "sqnr_db": float(10 * np.log10(np.sum(x ** 2) / np.sum(e ** 2)))
+            if np.any(e) else math.inf}
+
+
+def _wrong_metrics_no_sqrt(x, x_hat):  # RMSE without the square root
+    e = x - x_hat
+    return {"mae": float(np.mean(np.abs(e))), "rmse": float(np.mean(e ** 2)),
+            "sqnr_db": float(10 * np.log10(np.sum(x ** 2) / np.sum(e ** 2)))
+            if np.any(e) else math.inf}
+
+
+def _wrong_metrics_20log(x, x_hat):  # 20 log10 of a power ratio
+    e = x - x_hat
+    return {"mae": float(np.mean(np.abs(e))), "rmse": float(np.sqrt(np.mean(e ** 2))),
+            "sqnr_db": float(20 * np.log10(np.sum(x ** 2) / np.sum(e ** 2)))
+            if np.any(e) else math.inf}
+
+
+def _wrong_metrics_amplitude(x, x_hat):  # ratio of sums of |.|, not of squares
+    e = x - x_hat
+    return {"mae": float(np.mean(np.abs(e))), "rmse": float(np.sqrt(np.mean(e ** 2))),
+            "sqnr_db": float(10 * np.log10(np.sum(np.abs(x)) / np.sum(np.abs(e))))
+            if np.any(e) else math.inf}
+
+
+register(Exercise(
+    id="02.error_metrics",
+    title="MAE, RMSE and SQNR",
+    reference=error_metrics,
+    cases=_metric_cases,
+    hint=("e = x - x_hat. MAE = mean(|e|); RMSE = sqrt(mean(e**2)); SQNR in dB = "
+          "10 * log10(sum(x**2) / sum(e**2)), and math.inf when e is all zero. "
+          "Return a dict with keys 'mae', 'rmse', 'sqnr_db' holding Python floats."),
+    wrong=[_wrong_metrics_signed, _wrong_metrics_no_sqrt, _wrong_metrics_20log,
+           _wrong_metrics_amplitude],
+))
