@@ -1,0 +1,141 @@
+"""Measure this machine's memory bandwidth with large copies (lesson 00; used again in 10).
+
+Decode reads every weight once per token, so its floor is ``bytes / bandwidth``. The
+datasheet gives a GPU's peak; this module measures what a plain copy reaches here:
+
+- CPU: ``dst.copy_(src)`` on tensors much larger than the caches, timed with
+  ``time.perf_counter``.
+- GPU (only when CUDA exists): a device-to-device ``copy_`` timed with CUDA events.
+
+A copy reads ``n`` bytes and writes ``n`` bytes, so each copy counts ``2 n`` bytes moved.
+After a warm-up (first touch of the pages, clock ramp-up) we keep the median of the
+repeats: one noisy sample (another process, an interrupt) does not move it.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from numbers import Real
+
+MB = 1e6  # bytes in a (decimal) megabyte
+
+
+@dataclass
+class BandwidthResult:
+    """What ``measure_copy_bandwidth`` found; ``median_gbps`` is the figure to use."""
+    device: str                 # "cpu" or "cuda:0"
+    device_name: str            # e.g. "AMD EPYC" or "NVIDIA H100 80GB HBM3"
+    bytes_per_copy: int         # size of the source tensor
+    bytes_moved: int            # per copy: read + written = 2 x bytes_per_copy
+    samples_gbps: list[float] = field(default_factory=list)
+
+    @property
+    def median_gbps(self) -> float:
+        """Median over the repeats, in GB/s (1 GB = 1e9 bytes)."""
+        return statistics.median(self.samples_gbps)
+
+    @property
+    def median_tbps(self) -> float:
+        """The same in TB/s, the unit of GPU datasheets and ``course_lib.hardware``."""
+        return self.median_gbps / 1e3
+
+    def __str__(self) -> str:
+        lo, hi = min(self.samples_gbps), max(self.samples_gbps)
+        return (f"{self.device} ({self.device_name}): copy bandwidth {self.median_gbps:.1f} GB/s "
+                f"median of {len(self.samples_gbps)} (range {lo:.1f}-{hi:.1f}), "
+                f"{self.bytes_per_copy / MB:.0f} MB copied, {self.bytes_moved / MB:.0f} MB moved "
+                "per copy (read + write)")
+
+
+def _check(size_mb, repeats, warmup) -> tuple[float, int, int]:
+    if isinstance(size_mb, bool) or not isinstance(size_mb, Real) or not size_mb > 0:
+        raise ValueError(f"size_mb must be a positive number of megabytes, got {size_mb!r}")
+    if size_mb > 1e5:
+        raise ValueError(f"size_mb={size_mb} is over 100 GB; use a size that fits in memory "
+                         "(a few times the last-level cache is enough)")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a whole number, 1 or more, got {repeats!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be a whole number, 0 or more, got {warmup!r}")
+    return float(size_mb), repeats, warmup
+
+
+def _cpu_name() -> str:
+    from course_lib.device import detect
+
+    return detect().name
+
+
+def _copy_tensors(size_mb: float, device: str):
+    import torch
+
+    n = max(1, int(size_mb * MB) // 4)                   # float32 elements
+    src = torch.ones(n, dtype=torch.float32, device=device)   # (n,) pages touched now
+    dst = torch.empty_like(src)                                # (n,)
+    return src, dst, n * 4
+
+
+def _measure_cpu(size_mb: float, repeats: int, warmup: int) -> BandwidthResult:
+    src, dst, nbytes = _copy_tensors(size_mb, "cpu")
+    for _ in range(warmup):
+        dst.copy_(src)
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        seconds = time.perf_counter() - t0
+        samples.append(2 * nbytes / seconds / 1e9)
+    return BandwidthResult("cpu", _cpu_name(), nbytes, 2 * nbytes, samples)
+
+
+def _measure_cuda(size_mb: float, repeats: int, warmup: int) -> BandwidthResult:
+    import torch
+
+    src, dst, nbytes = _copy_tensors(size_mb, "cuda")
+    for _ in range(warmup):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1e3             # elapsed_time is in ms
+        samples.append(2 * nbytes / seconds / 1e9)
+    name = torch.cuda.get_device_name(0)
+    del src, dst
+    torch.cuda.empty_cache()
+    return BandwidthResult("cuda:0", name, nbytes, 2 * nbytes, samples)
+
+
+def measure_copy_bandwidth(device: str = "auto", size_mb: float | None = None,
+                           repeats: int = 7, warmup: int = 2) -> BandwidthResult:
+    """Measure copy bandwidth on this machine (lesson 00).
+
+    ``device``: ``"cpu"``, ``"cuda"``, or ``"auto"`` (the GPU when there is one).
+    ``size_mb``: megabytes copied each time; default 256 on a CPU (well past a 32 MB L3
+    cache, so RAM is measured, not cache) and 1024 on a GPU. On a 2-core CPU the default
+    takes about a second.
+    """
+    import torch
+
+
+    if device not in ("auto", "cpu", "cuda", "cuda:0"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        from course_lib.device import require_gpu
+
+        require_gpu("measure_copy_bandwidth(device='cuda')")
+        size_mb, repeats, warmup = _check(1024 if size_mb is None else size_mb, repeats, warmup)
+        return _measure_cuda(size_mb, repeats, warmup)
+    size_mb, repeats, warmup = _check(256 if size_mb is None else size_mb, repeats, warmup)
+    return _measure_cpu(size_mb, repeats, warmup)
+
+
+__all__ = ["BandwidthResult", "measure_copy_bandwidth"]

@@ -1,0 +1,243 @@
+"""Exercises of lesson 00, "The bill" (``solutions/00_the_bill.ipynb``).
+
+Each reference is the library's own function in ``course_lib.hardware``; the wrong answers
+are the mistakes people make with these sums (bits for bytes, GiB for GB, forgetting the
+factor 2 for K and V, attention heads for KV heads, group scales, rounding up a conversation).
+"""
+from __future__ import annotations
+
+import math
+
+from course_lib import hardware as hw
+from course_lib.checks import Case, Exercise, register
+
+# ---------------------------------------------------------------------------------------
+# 00.weight_gb: weights in GB for a number of bits, with optional group scales
+# ---------------------------------------------------------------------------------------
+
+
+def _weight_cases():
+    return [
+        Case((70.6e9, 16), label="Llama 3.1 70B in BF16"),
+        Case((70.6e9, 8), label="70B in 8 bits"),
+        Case((70.6e9, 4, 128), label="70B in INT4 with group-128 16-bit scales"),
+        Case((8.03e9, 4, 32), label="8B in INT4, group 32"),
+        Case((116.83e9, 4, 32, 8), label="MXFP4-style: 8-bit scale per 32"),
+        Case((1e6, 3), label="a small model at 3 bits"),
+        Case((0, 16), raises=ValueError, label="zero parameters"),
+        Case((1e9, 4, 0), raises=ValueError, label="group size 0"),
+    ]
+
+
+def _weight_bits_for_bytes(params, bits, group_size=None, scale_bits=16):
+    if params <= 0 or group_size == 0:
+        raise ValueError("bad input")
+    b = bits + (scale_bits / group_size if group_size else 0)
+    return params * b / 1e9                      # forgot to divide by 8
+
+
+def _weight_gib(params, bits, group_size=None, scale_bits=16):
+    if params <= 0 or group_size == 0:
+        raise ValueError("bad input")
+    b = bits + (scale_bits / group_size if group_size else 0)
+    return params * b / 8 / 2 ** 30              # GiB, not GB
+
+
+def _weight_no_scales(params, bits, group_size=None, scale_bits=16):
+    if params <= 0 or group_size == 0:
+        raise ValueError("bad input")
+    return params * bits / 8 / 1e9               # group scales forgotten
+
+
+def _weight_scale_per_weight(params, bits, group_size=None, scale_bits=16):
+    if params <= 0 or group_size == 0:
+        raise ValueError("bad input")
+    b = bits + (scale_bits * group_size / 1024 if group_size else 0)   # scale cost upside down
+    return params * b / 8 / 1e9
+
+
+register(Exercise(
+    id="00.weight_gb",
+    title="weights in GB for a format",
+    reference=hw.weight_gb_from_bits,
+    cases=_weight_cases,
+    hint=("bits per weight = bits + scale_bits / group_size (no scales when group_size is None); "
+          "bytes = params x bits per weight / 8; GB = bytes / 1e9 (decimal, not 2**30). "
+          "Raise ValueError for params <= 0 or a group size below 1."),
+    wrong=[_weight_bits_for_bytes, _weight_gib, _weight_no_scales, _weight_scale_per_weight],
+))
+
+# ---------------------------------------------------------------------------------------
+# 00.kv_bytes_per_token: from a config.json dict
+# ---------------------------------------------------------------------------------------
+
+
+def _kv_cases():
+    gpt2_like = {"num_hidden_layers": 12, "num_attention_heads": 12, "hidden_size": 768}
+    return [
+        Case((hw.get_model("Llama 3.1 70B").config(),), label="Llama 3.1 70B, BF16"),
+        Case((hw.get_model("Llama 3.1 8B").config(),), label="Llama 3.1 8B, BF16"),
+        Case((hw.get_model("Llama 3.1 70B").config(), 1), label="70B with an FP8 cache"),
+        Case((hw.get_model("Gemma 2 27B").config(),),
+             label="Gemma 2 27B: head_dim 128 is not hidden_size / heads = 144"),
+        Case((hw.get_model("gpt-oss-120b").config(),), label="gpt-oss-120b, head_dim 64"),
+        Case((gpt2_like,), label="no num_key_value_heads and no head_dim (plain multi-head)"),
+    ]
+
+
+def _kv_no_factor_two(config, bytes_per_value=2.0):
+    kv = config.get("num_key_value_heads") or config["num_attention_heads"]
+    hd = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return config["num_hidden_layers"] * kv * hd * bytes_per_value          # K only
+
+
+def _kv_attention_heads(config, bytes_per_value=2.0):
+    hd = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return 2 * config["num_hidden_layers"] * config["num_attention_heads"] * hd * bytes_per_value
+
+
+def _kv_head_dim_from_hidden(config, bytes_per_value=2.0):
+    kv = config.get("num_key_value_heads") or config["num_attention_heads"]
+    hd = config["hidden_size"] // config["num_attention_heads"]             # ignores head_dim
+    return 2 * config["num_hidden_layers"] * kv * hd * bytes_per_value
+
+
+def _kv_bits(config, bytes_per_value=2.0):
+    kv = config.get("num_key_value_heads") or config["num_attention_heads"]
+    hd = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return 2 * config["num_hidden_layers"] * kv * hd * bytes_per_value * 8   # bits, not bytes
+
+
+def _kv_requires_kv_heads(config, bytes_per_value=2.0):
+    hd = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * hd * bytes_per_value
+
+
+register(Exercise(
+    id="00.kv_bytes_per_token",
+    title="KV-cache bytes per token from a config.json",
+    reference=hw.kv_bytes_per_token_from_config,
+    cases=_kv_cases,
+    hint=("2 (K and V) x num_hidden_layers x num_key_value_heads x head_dim x bytes_per_value. "
+          "Use num_key_value_heads, not num_attention_heads; when it is missing the model is plain "
+          "multi-head (kv heads = attention heads). Use head_dim when present; only without it "
+          "is head_dim = hidden_size // num_attention_heads."),
+    wrong=[_kv_no_factor_two, _kv_attention_heads, _kv_head_dim_from_hidden, _kv_bits,
+           _kv_requires_kv_heads],
+))
+
+# ---------------------------------------------------------------------------------------
+# 00.decode_floor_ms
+# ---------------------------------------------------------------------------------------
+
+
+def _floor_cases():
+    return [
+        Case((141.2e9, 3.35), label="70B BF16 on one H100"),
+        Case((70.6e9, 3.35), label="70B in 8 bits on one H100"),
+        Case((141.2e9, 3.35, 2), label="70B BF16 split over two H100s"),
+        Case((16.06e9, 4.8), label="8B BF16 on an H200"),
+        Case((4.14e9, 0.02), label="8B INT4 at a laptop's 20 GB/s"),
+        Case((70.6e9, 3.35, 8), label="eight GPUs"),
+        Case((1e9, 0.0), raises=ValueError, label="zero bandwidth"),
+        Case((-1e9, 3.35), raises=ValueError, label="negative bytes"),
+    ]
+
+
+def _floor_checks(weight_bytes, bandwidth_tbps, n_gpus):
+    if weight_bytes <= 0 or bandwidth_tbps <= 0 or n_gpus < 1:
+        raise ValueError("sizes must be positive")
+
+
+def _floor_seconds(weight_bytes, bandwidth_tbps, n_gpus=1):
+    _floor_checks(weight_bytes, bandwidth_tbps, n_gpus)
+    return weight_bytes / (n_gpus * bandwidth_tbps * 1e12)                 # seconds, not ms
+
+
+def _floor_tib(weight_bytes, bandwidth_tbps, n_gpus=1):
+    _floor_checks(weight_bytes, bandwidth_tbps, n_gpus)
+    return weight_bytes / (n_gpus * bandwidth_tbps * 2 ** 40) * 1e3        # TiB/s, not TB/s
+
+
+def _floor_ignores_gpus(weight_bytes, bandwidth_tbps, n_gpus=1):
+    _floor_checks(weight_bytes, bandwidth_tbps, n_gpus)
+    return weight_bytes / (bandwidth_tbps * 1e12) * 1e3                     # n_gpus forgotten
+
+
+def _floor_times_gpus(weight_bytes, bandwidth_tbps, n_gpus=1):
+    _floor_checks(weight_bytes, bandwidth_tbps, n_gpus)
+    return weight_bytes * n_gpus / (bandwidth_tbps * 1e12) * 1e3            # more GPUs slower?
+
+
+def _floor_no_checks(weight_bytes, bandwidth_tbps, n_gpus=1):
+    return weight_bytes / (n_gpus * bandwidth_tbps * 1e12) * 1e3 if bandwidth_tbps else math.inf
+
+
+register(Exercise(
+    id="00.decode_floor_ms",
+    title="decode floor in ms per token",
+    reference=hw.decode_floor_ms,
+    cases=_floor_cases,
+    hint=("floor = weight_bytes / (n_gpus x bandwidth_tbps x 1e12) seconds; x 1000 for ms. "
+          "TB/s is 1e12 bytes per second. With n_gpus the GPUs read their shares at the same "
+          "time. Raise ValueError when bytes or bandwidth are not positive."),
+    wrong=[_floor_seconds, _floor_tib, _floor_ignores_gpus, _floor_times_gpus, _floor_no_checks],
+))
+
+# ---------------------------------------------------------------------------------------
+# 00.conversations_that_fit
+# ---------------------------------------------------------------------------------------
+
+
+def _conv_cases():
+    kv70 = hw.model_kv_bytes_per_token("Llama 3.1 70B")        # 327,680 bytes
+    return [
+        Case((80, 0.9, 36.4, kv70, 8000), label="70B INT4 g128 on one H100, 8,000-token chats"),
+        Case((80, 1.0, 70.6, kv70, 4096), label="70B FP8 on a whole H100, 4,096 tokens"),
+        Case((80, 1.0, 70.6, kv70 / 2, 4096), label="the same with an FP8 KV cache"),
+        Case((80, 0.9, 141.2, kv70, 8000), label="weights larger than the GPU: none fit"),
+        Case((24, 0.9, 4.14, 131072, 32768), label="8B INT4 on an RTX 4090, 32k context"),
+        Case((80, 0.9, 72.0, kv70, 100), label="weights fill the usable memory exactly"),
+        Case((80, 0.9, 30.0, kv70, 0), raises=ValueError, label="zero-token conversations"),
+    ]
+
+
+def _conv_check(tokens_per_conversation):
+    if tokens_per_conversation <= 0:
+        raise ValueError("tokens_per_conversation must be positive")
+
+
+def _conv_round(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token, tokens_per_conversation):
+    _conv_check(tokens_per_conversation)
+    free = (gpu_memory_gb * usable_fraction - weight_gb) * 1e9
+    return max(0, round(free / (kv_bytes_per_token * tokens_per_conversation)))   # rounds up too
+
+
+def _conv_all_memory(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token, tokens_per_conversation):
+    _conv_check(tokens_per_conversation)
+    free = (gpu_memory_gb - weight_gb) * 1e9                                     # fraction ignored
+    return max(0, int(free // (kv_bytes_per_token * tokens_per_conversation)))
+
+
+def _conv_gib(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token, tokens_per_conversation):
+    _conv_check(tokens_per_conversation)
+    free = (gpu_memory_gb * usable_fraction - weight_gb) * 2 ** 30               # GiB, not GB
+    return max(0, int(free // (kv_bytes_per_token * tokens_per_conversation)))
+
+
+def _conv_negative(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token, tokens_per_conversation):
+    _conv_check(tokens_per_conversation)
+    free = (gpu_memory_gb * usable_fraction - weight_gb) * 1e9
+    return math.floor(free / (kv_bytes_per_token * tokens_per_conversation))    # can go below 0
+
+
+register(Exercise(
+    id="00.conversations_that_fit",
+    title="conversations whose KV cache fits next to the weights",
+    reference=hw.conversations_that_fit,
+    cases=_conv_cases,
+    hint=("free bytes = (gpu_memory_gb x usable_fraction - weight_gb) x 1e9; one conversation "
+          "needs kv_bytes_per_token x tokens_per_conversation; count whole conversations "
+          "(round down), never fewer than 0. Raise ValueError for a conversation of 0 tokens."),
+    wrong=[_conv_round, _conv_all_memory, _conv_gib, _conv_negative],
+))

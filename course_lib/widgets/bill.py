@@ -1,0 +1,127 @@
+"""Lesson 00, "The bill": a calculator widget and a plot of decode floor vs bits per weight.
+
+``bill_widget()`` returns an ipywidgets box: pick a model, weight format, KV-cache format,
+GPU, tensor-parallel size, batch and context, and it shows weights, KV cache, whether it
+fits, whether it is servable, the decode floor and tokens per second. Every figure comes
+from ``course_lib.hardware.plan`` (one source for the sums).
+
+``plot_floor_vs_bits()`` draws the decode floor of several models against bits per weight
+on one GPU and, when given, at this machine's measured bandwidth.
+"""
+from __future__ import annotations
+
+import html
+
+import numpy as np
+
+from course_lib import hardware as hw
+
+WIDGET_FORMATS = ["bf16", "fp8", "int8", "int4_g128", "mxfp4", "nvfp4", "int4"]
+KV_FORMATS = ["bf16", "fp8"]
+CONTEXTS = [1024, 2048, 4096, 8000, 8192, 16384, 32768, 65536, 131072]
+
+
+def bill_html(p: hw.Plan) -> str:
+    """The widget's readout for one ``Plan``, as an HTML table (lesson 00)."""
+    if p.servable:
+        verdict, colour = "servable", "#2b6a24"
+    elif p.fits:
+        verdict, colour = "fits, but not servable", "#b36b00"
+    else:
+        verdict, colour = "does not fit", "#b3154f"
+    rows = [
+        ("weights", f"{p.weights_gb:,.1f} GB ({p.weights_gb / p.n_gpus:,.1f} GB per GPU)"),
+        ("KV cache", f"{p.kv_gb:,.1f} GB for {p.batch} x {p.context:,} tokens in {p.kv_format}"),
+        ("memory per GPU", f"{p.need_gb_per_gpu:,.1f} GB needed (incl. {p.workspace_gb:.0f} GB "
+                           f"workspace) of {p.usable_gb_per_gpu:,.1f} GB usable"),
+        ("verdict", f"<b style='color:{colour}'>{verdict}</b>; room for "
+                    f"{p.max_conversations:,} conversations of {p.context:,} tokens"),
+        ("decode floor (1 user)", f"{p.floor_ms:,.2f} ms per token"),
+        ("tokens/s (1 user)", f"{p.tokens_per_s_peak:,.0f} at peak bandwidth, "
+                              f"{p.tokens_per_s_realistic:,.0f} at "
+                              f"{hw.REALISTIC_EFFICIENCY:.0%}"),
+        (f"batch of {p.batch}", f"step {p.step_ms:,.2f} ms (weights + KV) -> "
+                                f"{p.batch_tokens_per_s:,.0f} tokens/s"),
+    ]
+    rows += [("note", html.escape(n)) for n in p.notes]
+    body = "".join(f"<tr><td style='text-align:left;padding-right:1em'>{k}</td>"
+                   f"<td style='text-align:left'>{v}</td></tr>" for k, v in rows)
+    title = html.escape(f"{p.model} · {p.fmt} · {p.n_gpus} x {p.gpu}")
+    return f"<b>{title}</b><table>{body}</table>"
+
+
+def bill_widget(model: str = "Llama 3.1 70B", fmt: str = "bf16", gpu: str = "H100 SXM",
+                batch: int = 1, context: int = 8000, kv_format: str = "bf16",
+                n_gpus: int = 1):
+    """Build the bill calculator (lesson 00). Returns a ``VBox``; its ``controls`` dict
+    holds the input widgets and ``result`` the HTML readout, so a test can drive it."""
+    import ipywidgets as W
+
+    style = {"description_width": "110px"}
+    layout = W.Layout(width="420px")
+    controls = {
+        "model": W.Dropdown(options=list(hw.MODELS), value=hw.get_model(model).name,
+                            description="model", style=style, layout=layout),
+        "fmt": W.Dropdown(options=WIDGET_FORMATS, value=fmt, description="weights",
+                          style=style, layout=layout),
+        "kv_format": W.Dropdown(options=KV_FORMATS, value=kv_format, description="KV cache",
+                                style=style, layout=layout),
+        "gpu": W.Dropdown(options=list(hw.GPUS), value=hw.get_gpu(gpu).name, description="GPU",
+                          style=style, layout=layout),
+        "n_gpus": W.Dropdown(options=[1, 2, 4, 8], value=n_gpus, description="GPUs (TP)",
+                             style=style, layout=layout),
+        "batch": W.IntSlider(value=batch, min=1, max=256, description="users (batch)",
+                             style=style, layout=layout, continuous_update=False),
+        "context": W.SelectionSlider(options=CONTEXTS, value=context, description="context",
+                                     style=style, layout=layout, continuous_update=False),
+    }
+    result = W.HTML()
+
+    def update(_change=None):
+        values = {k: c.value for k, c in controls.items()}
+        result.value = bill_html(hw.plan(**values))
+
+    for c in controls.values():
+        c.observe(update, names="value")
+    update()
+    box = W.VBox([W.HBox([W.VBox(list(controls.values())[:4]),
+                          W.VBox(list(controls.values())[4:])]), result])
+    box.controls, box.result = controls, result
+    return box
+
+
+def plot_floor_vs_bits(models=("Llama 3.1 8B", "Gemma 2 27B", "Llama 3.1 70B"),
+                       gpu: str = "H100 SXM", measured_gbps: float | None = None,
+                       machine_name: str = "this machine"):
+    """Decode floor (ms per token, one user) against bits per weight for several models on
+    ``gpu``; with ``measured_gbps`` a second panel at this machine's measured bandwidth.
+    Marks the named formats. The y axis is linear: halve the bits, halve the floor.
+    Returns the matplotlib figure (lesson 00)."""
+    import matplotlib.pyplot as plt
+
+    g = hw.get_gpu(gpu)
+    bits = np.linspace(2, 16, 57)                            # (57,)
+    panels = [(f"one {g.name} ({g.bandwidth_tbps} TB/s)", g.bandwidth_tbps)]
+    if measured_gbps is not None:
+        panels.append((f"{machine_name} (measured {measured_gbps:.1f} GB/s)",
+                       hw._positive("measured_gbps", measured_gbps) / 1e3))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, (title, tbps) in zip(axes[0], panels):
+        for name in models:
+            floors = [hw.decode_floor_ms(hw.bytes_read_per_token(name, b), tbps) for b in bits]
+            ax.plot(bits, floors, label=hw.get_model(name).name)
+        for fmt in ("int4_g128", "nvfp4", "fp8", "bf16"):
+            ax.axvline(hw.bits_per_weight(fmt), color="grey", lw=0.6, ls=":")
+            ax.text(hw.bits_per_weight(fmt), 1.0, fmt, rotation=90, va="top", ha="right",
+                    fontsize=7, color="grey", transform=ax.get_xaxis_transform())
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("bits per weight (scales included)")
+        ax.set_ylabel("decode floor, ms per token")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+__all__ = ["bill_widget", "bill_html", "plot_floor_vs_bits"]

@@ -1,0 +1,48 @@
+"""course_lib.bandwidth (lesson 00): copy bandwidth is measured, plausible and quick."""
+import time
+
+import pytest
+import torch
+
+from course_lib.bandwidth import BandwidthResult, measure_copy_bandwidth
+
+
+def test_cpu_copy_bandwidth_is_plausible_and_quick():
+    t0 = time.perf_counter()
+    r = measure_copy_bandwidth("cpu", size_mb=64, repeats=5, warmup=1)
+    assert time.perf_counter() - t0 < 10
+    assert isinstance(r, BandwidthResult) and r.device == "cpu" and r.device_name
+    assert len(r.samples_gbps) == 5 and all(s > 0 for s in r.samples_gbps)
+    # a copy of 64 MB reads and writes it: 128 MB moved
+    assert r.bytes_per_copy == 64_000_000 and r.bytes_moved == 2 * r.bytes_per_copy
+    # any machine that runs this course moves more than 0.2 GB/s and less than 10 TB/s
+    assert 0.2 < r.median_gbps < 10_000
+    assert min(r.samples_gbps) <= r.median_gbps <= max(r.samples_gbps)
+    assert r.median_tbps == pytest.approx(r.median_gbps / 1e3)
+    assert "GB/s" in str(r)
+
+
+def test_default_size_reaches_past_the_cache():
+    r = measure_copy_bandwidth("cpu", repeats=1, warmup=0)
+    assert r.bytes_per_copy >= 128e6
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"size_mb": 0}, {"size_mb": -5}, {"size_mb": "big"}, {"size_mb": 1e9},
+    {"repeats": 0}, {"repeats": 2.5}, {"warmup": -1}, {"device": "tpu"},
+])
+def test_bad_arguments_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        measure_copy_bandwidth(**{"device": "cpu", **kwargs})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_cuda_without_a_gpu_says_so():
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        measure_copy_bandwidth("cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_copy_bandwidth():
+    r = measure_copy_bandwidth("cuda", size_mb=256, repeats=5)
+    assert r.device == "cuda:0" and 50 < r.median_gbps < 20_000

@@ -1,0 +1,228 @@
+"""course_lib.hardware (lesson 00): the source figures come out, bad input is refused,
+and the bill widget reacts to its controls."""
+import math
+
+import pytest
+
+from course_lib import hardware as hw
+
+P70, P8 = 70.6e9, 8.03e9
+
+
+# ---- catalogue -----------------------------------------------------------------------
+
+def test_catalogue_has_the_gpus_and_models_the_course_uses():
+    for name in ["H100 SXM", "H100 PCIe", "H200", "A100 40GB", "A100 80GB", "L40S", "RTX 4090",
+                 "B200", "MI300X"]:
+        g = hw.get_gpu(name)
+        assert g.memory_gb > 0 and g.bandwidth_tbps > 0 and g.bf16_tflops > 0
+        assert g.source and ("sparsity" in g.source or "dense" in g.source)
+    for name in ["Llama 3.1 8B", "Llama 3.1 70B", "Llama 3.1 405B", "gpt-oss-20b", "gpt-oss-120b",
+                 "Gemma 2 27B", "DeepSeek-V3"]:
+        m = hw.get_model(name)
+        assert m.params > 0 and m.layers > 0 and m.source
+
+
+def test_datasheet_figures():
+    h100 = hw.get_gpu("H100")                       # "H100" means the SXM part
+    assert h100.name == "H100 SXM"
+    assert (h100.memory_gb, h100.bandwidth_tbps, h100.bf16_tflops, h100.fp8_tflops) == (80, 3.35, 989, 1979)
+    a100 = hw.get_gpu("a100-80gb")
+    assert a100.bf16_tflops == 312 and a100.int8_tops == 624 and a100.fp8_tflops is None
+    assert hw.get_gpu("L40S").fp8_tflops == 733
+    assert hw.get_gpu("B200").fp4_tflops == 9000 and hw.get_gpu("B200").fp8_tflops == 4500
+    assert hw.get_gpu("H100").fp4_tflops is None
+    assert hw.get_gpu("MI300X").compute_capability is None and "CDNA" in hw.get_gpu("MI300X").arch
+    # FP8 maths needs compute capability 8.9+: every GPU with an fp8 rate has it (or is AMD)
+    for g in hw.GPUS.values():
+        if g.compute_capability is not None:
+            assert (g.fp8_tflops is not None) == (g.compute_capability >= (8, 9)), g.name
+
+
+def test_moe_and_mla_models():
+    oss = hw.get_model("gpt-oss-120b")
+    assert oss.is_moe and oss.params_per_token == 5.13e9
+    assert hw.weight_gb(oss, "bf16") == pytest.approx(234, abs=0.5)       # "about 234 GB"
+    ds = hw.get_model("DeepSeek-V3")
+    assert hw.model_kv_bytes_per_token(ds) == 61 * 576 * 2                 # latent, no factor 2
+    assert not hw.get_model("70B").is_moe
+
+
+# ---- weights -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt, gb", [("bf16", 141), ("fp8", 71), ("int8", 71), ("int4", 35),
+                                     ("int4_g128", 36)])
+def test_70b_weights(fmt, gb):
+    assert round(hw.weight_gb("Llama 3.1 70B", fmt)) == gb
+
+
+def test_bits_per_weight_with_scales():
+    assert hw.bits_per_weight("int4_g128") == 4.125 == hw.bits_with_scales(4, 128)
+    assert hw.bits_per_weight("int4_g32") == 4.5 == hw.bits_with_scales(4, 32)
+    assert hw.bits_per_weight("mxfp4") == 4.25 == hw.bits_with_scales(4, 32, scale_bits=8)
+    assert hw.bits_per_weight("nvfp4") == 4.5 and hw.bits_per_weight("fp4") == 4.25
+    assert hw.bits_per_weight(3.5) == 3.5
+    assert hw.weight_gb_from_bits(P70, 4, 128) == pytest.approx(36.403, abs=1e-3)
+    assert hw.weight_gb(P70, 4.125) == hw.weight_gb(P70, "INT4-G128")      # names are forgiving
+
+
+# ---- decode floor and ceilings ---------------------------------------------------------
+
+@pytest.mark.parametrize("fmt, ms", [("bf16", 42), ("int8", 21), ("int4", 11), ("int4_g128", 11)])
+def test_70b_decode_floor_on_h100(fmt, ms):
+    floor = hw.decode_floor_ms(hw.weight_bytes("70B", fmt), hw.get_gpu("H100").bandwidth_tbps)
+    assert round(floor) == ms
+
+
+@pytest.mark.parametrize("fmt, tok_s", [("bf16", 209), ("int8", 417), ("int4_g128", 809)])
+def test_8b_ceilings(fmt, tok_s):
+    ceiling = hw.tokens_per_second_ceiling(hw.weight_bytes("8B", fmt), 3.35)
+    assert round(ceiling) == tok_s
+    realistic = hw.tokens_per_second_ceiling(hw.weight_bytes("8B", fmt), 3.35, efficiency=0.7)
+    assert realistic == pytest.approx(0.7 * ceiling)
+
+
+def test_bf16_on_two_gpus_equals_fp8_on_one():
+    two = hw.decode_floor_ms(hw.weight_bytes("70B", "bf16"), 3.35, n_gpus=2)
+    one = hw.decode_floor_ms(hw.weight_bytes("70B", "fp8"), 3.35)
+    assert two == pytest.approx(one) and round(one) == 21
+
+
+def test_64_user_step():
+    kv = hw.kv_cache_gb("8B", 64 * 4096)
+    assert kv == pytest.approx(34.36, abs=0.005)
+    assert hw.kv_cache_gb("8B", 64 * 4096, "fp8") == pytest.approx(17.18, abs=0.005)
+    bf16 = hw.batched_step_ms(hw.weight_bytes("8B"), kv * 1e9, 3.35)
+    fp8 = hw.batched_step_ms(hw.weight_bytes("8B", "fp8"), kv / 2 * 1e9, 3.35)
+    assert round(bf16, 1) == 15.1 and round(fp8, 1) == 7.5
+    assert hw.batch_tokens_per_second(64, bf16) == pytest.approx(4250, rel=0.01)
+    assert hw.batch_tokens_per_second(64, fp8) == pytest.approx(8500, rel=0.01)
+
+
+# ---- KV cache and capacity ------------------------------------------------------------
+
+def test_kv_per_token():
+    assert hw.model_kv_bytes_per_token("70B") == 327_680 == 320 * 1024
+    assert hw.model_kv_bytes_per_token("70B", "fp8") == 160 * 1024
+    assert hw.model_kv_bytes_per_token("8B") == 128 * 1024
+    assert hw.kv_bytes_per_token(80, 8, 128, 2) == 327_680
+    assert hw.kv_cache_gb("70B", 8000) == pytest.approx(2.6, abs=0.05)      # the source's 8k
+    cfg = hw.get_model("Gemma 2 27B").config()
+    assert hw.kv_bytes_per_token_from_config(cfg) == 2 * 46 * 16 * 128 * 2
+    del cfg["head_dim"], cfg["num_key_value_heads"]                          # plain MHA fallback
+    assert hw.kv_bytes_per_token_from_config(cfg) == 2 * 46 * 32 * (4608 // 32) * 2
+
+
+def test_conversations_that_fit():
+    kv70 = hw.model_kv_bytes_per_token("70B")
+    # the source: 70B FP8 leaves 9.4 GB on an 80 GB H100: 7 users at 4,096 tokens, 14 with FP8 KV
+    assert hw.conversations_that_fit(80, 1.0, 70.6, kv70, 4096) == 7
+    assert hw.conversations_that_fit(80, 1.0, 70.6, kv70 / 2, 4096) == 14
+    assert hw.conversations_that_fit(80, 0.9, 141.2, kv70, 8000) == 0
+    assert hw.get_gpu("H100").usable_gb() == pytest.approx(72)
+
+
+def test_gpus_per_replica_and_servable():
+    assert hw.gpus_per_replica("70B", "bf16", "H100") == 4
+    assert hw.gpus_per_replica("70B", "fp8", "H100") == 2
+    p = hw.plan("70B", "fp8", "H100", batch=1, context=4096)
+    assert p.fits and not p.servable                      # fits is not servable
+    assert hw.plan("70B", "bf16", "H100", n_gpus=4, batch=16).servable
+    assert hw.plan("70B", "bf16", "MI300X").servable      # 192 GB holds a BF16 70B whole
+    assert hw.gpus_per_replica("DeepSeek-V3", "fp8", "H100") is None  # 671 GB > 8 x 72 GB
+    assert hw.gpus_per_replica("DeepSeek-V3", "fp8", "H200") == 8
+    assert "NOT servable" in p.summary()
+
+
+def test_plan_notes_missing_native_maths():
+    assert any("no native fp8" in n for n in hw.plan("8B", "fp8", "A100 80GB").notes)
+    assert not any("native" in n for n in hw.plan("8B", "fp8", "H100").notes)
+
+
+# ---- errors ---------------------------------------------------------------------------
+
+def test_unknown_names_list_the_known_ones():
+    with pytest.raises(ValueError, match="unknown GPU 'V100'.*H100 SXM"):
+        hw.get_gpu("V100")
+    with pytest.raises(ValueError, match="unknown model.*Llama 3.1 70B"):
+        hw.get_model("Llama 2 70B")
+    with pytest.raises(ValueError, match="unknown format 'int3'.*int4_g128"):
+        hw.weight_gb("70B", "int3")
+
+
+@pytest.mark.parametrize("call", [
+    lambda: hw.weight_gb(0, "bf16"),
+    lambda: hw.weight_gb(-1e9, "bf16"),
+    lambda: hw.weight_gb(1e9, 0),
+    lambda: hw.weight_gb(1e9, -4),
+    lambda: hw.weight_gb_from_bits(1e9, 4, 0),
+    lambda: hw.decode_floor_ms(1e9, 0),
+    lambda: hw.decode_floor_ms(0, 3.35),
+    lambda: hw.decode_floor_ms(1e9, 3.35, n_gpus=0),
+    lambda: hw.decode_floor_ms(1e9, math.nan),
+    lambda: hw.tokens_per_second_ceiling(1e9, 3.35, efficiency=1.5),
+    lambda: hw.kv_bytes_per_token(0, 8, 128),
+    lambda: hw.kv_bytes_per_token(80, 8, 128, 0),
+    lambda: hw.conversations_that_fit(80, 0.9, 10, 327680, 0),
+    lambda: hw.conversations_that_fit(80, 1.5, 10, 327680, 100),
+    lambda: hw.plan("70B", batch=0),
+    lambda: hw.plan("70B", context=-5),
+    lambda: hw.kv_cache_gb("70B", -1),
+    lambda: hw.weight_gb(True, "bf16"),
+    lambda: hw.kv_bytes_per_token_from_config({"num_hidden_layers": 2}),
+])
+def test_bad_sizes_are_refused(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+def test_error_says_what_is_wrong():
+    with pytest.raises(ValueError, match="bandwidth_tbps must be greater than zero, got 0"):
+        hw.decode_floor_ms(1e9, 0)
+
+
+# ---- tables and the widget ------------------------------------------------------------
+
+def test_tables_and_floor_table():
+    assert "H100 SXM" in hw.gpu_table() and "DeepSeek-V3" in hw.model_table()
+    rows = hw.decode_floor_table(3.35, ["70B"], ["bf16"])
+    assert rows[0][0] == "Llama 3.1 70B" and round(rows[0][2]) == 42
+
+
+def test_bill_widget_reacts_to_every_control():
+    pytest.importorskip("ipywidgets")
+    from course_lib.widgets.bill import bill_widget
+
+    w = bill_widget(model="Llama 3.1 70B", fmt="bf16", gpu="H100 SXM", batch=1, context=8000)
+    first = w.result.value
+    assert "141.2 GB" in first and "does not fit" in first
+    changes = {"fmt": "fp8", "kv_format": "fp8", "gpu": "H200", "n_gpus": 2, "batch": 64,
+               "context": 32768, "model": "Llama 3.1 8B"}
+    for name, value in changes.items():
+        before = w.result.value
+        w.controls[name].value = value
+        assert w.result.value != before, f"changing {name} did not change the readout"
+    assert "Llama 3.1 8B" in w.result.value and "fp8" in w.result.value
+
+
+def test_bill_widget_shows_servable_verdicts():
+    pytest.importorskip("ipywidgets")
+    from course_lib.widgets.bill import bill_widget
+
+    w = bill_widget(fmt="fp8", batch=1, context=4096)
+    assert "fits, but not servable" in w.result.value
+    w.controls["n_gpus"].value = 2
+    assert ">servable<" in w.result.value
+
+
+def test_floor_plot_has_a_line_per_model_and_panel():
+    import matplotlib
+    matplotlib.use("Agg")
+    from course_lib.widgets.bill import plot_floor_vs_bits
+
+    fig = plot_floor_vs_bits(["8B", "70B"], measured_gbps=20.0)
+    assert len(fig.axes) == 2 and all(len(ax.lines) >= 2 for ax in fig.axes)
+    y_gpu = fig.axes[0].lines[1].get_ydata()[-1]                 # 70B at 16 bits on an H100
+    assert y_gpu == pytest.approx(42.1, abs=0.1)
+    with pytest.raises(ValueError):
+        plot_floor_vs_bits(["8B"], measured_gbps=0)
