@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from statistics import NormalDist
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -41,7 +41,7 @@ __all__ = [
     "QTensor", "absmax_scale", "absmax_quantize", "zero_point", "quantize", "dequantize",
     "fake_quantize", "pack_int4", "unpack_int4", "bits_per_weight", "BLOCK_FORMAT_BITS",
     "quantize_mxfp4", "dequantize_mxfp4", "quantize_nvfp4", "dequantize_nvfp4",
-    "quantize_nf4", "dequantize_nf4", "nf4_levels", "nf4_levels_from_quantiles",
+    "quantize_nf4", "dequantize_nf4", "nf4_levels",
     "mae", "rmse", "relative_rms_error", "sqnr_db", "synthetic_weights", "known_formats",
     "divisors",
 ]
@@ -562,36 +562,26 @@ def dequantize_nvfp4(qt: QTensor):
 
 # ---------------------------------------------------------------- NF4 (lesson 03)
 
-#: The 16 NF4 levels of QLoRA (bitsandbytes' table), lowest to highest.
-_NF4 = np.array([
-    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
-    -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
-    0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
-    0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0], dtype=np.float32)
+@lru_cache(maxsize=1)
+def _nf4_table() -> np.ndarray:
+    from course_lib.formats import nf4_levels as _levels
+
+    return np.asarray(_levels(), dtype=np.float32)  # (16,) ascending
 
 
 def nf4_levels() -> np.ndarray:
-    """The 16 NF4 levels (float32, ascending), as shipped in bitsandbytes (lesson 03)."""
-    return _NF4.copy()
+    """The 16 NF4 levels (float32, ascending), -1..1 with an exact 0 (lesson 03).
 
-
-def nf4_levels_from_quantiles(offset: float = 0.9677083) -> np.ndarray:
-    """Rebuild NF4 from normal quantiles, the QLoRA way (lesson 03).
-
-    8 positive levels at the quantiles linspace(offset, 0.5, 9)[:-1] and 7 negative ones at
-    linspace(offset, 0.5, 8)[:-1] (so 0 is exact and the grid is asymmetric), normalised so
-    the largest is 1. ``offset`` is the middle of 1 - 0.5/15 and 1 - 0.5/16 (QLoRA's choice).
+    Built from normal quantiles by ``course_lib.formats.nf4_levels`` (lesson 01), the one
+    source; they match the table bitsandbytes ships.
     """
-    nd = NormalDist()
-    pos = [nd.inv_cdf(p) for p in np.linspace(offset, 0.5, 9)[:-1]]
-    neg = [-nd.inv_cdf(p) for p in np.linspace(offset, 0.5, 8)[:-1]]
-    v = np.sort(np.array(pos + [0.0] + neg))
-    return (v / np.abs(v).max()).astype(np.float32)
+    return _nf4_table().copy()
 
 
 def _nf4_index(y):
     """Nearest NF4 level's index (uint8) for values already divided by the block absmax."""
-    mids = (_NF4[1:] + _NF4[:-1]) / 2  # 15 decision boundaries
+    lv = _nf4_table()
+    mids = (lv[1:] + lv[:-1]) / 2  # 15 decision boundaries
     if _is_torch(y):
         import torch
 
@@ -604,9 +594,9 @@ def _nf4_value(q, out: str):
     if _is_torch(q):
         import torch
 
-        lut = torch.as_tensor(_NF4, device=q.device).to(getattr(torch, out))
+        lut = torch.as_tensor(_nf4_table(), device=q.device).to(getattr(torch, out))
         return lut[q.long()]
-    return _NF4.astype(out)[q]
+    return _nf4_table().astype(out)[q]
 
 
 def quantize_nf4(x, block_size: int = 64, double_quant: bool = False) -> QTensor:

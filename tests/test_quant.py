@@ -296,8 +296,14 @@ def test_int_table_conclusions():
 # ---------------------------------------------------------------- NF4
 
 def test_nf4_levels_are_normal_quantiles():
-    np.testing.assert_allclose(Q.nf4_levels_from_quantiles(), Q.nf4_levels(), atol=1e-6)
+    published = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+                 -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+                 0.07958029955625534, 0.16093020141124725, 0.24611230194568634,
+                 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+                 0.7229568362236023, 1.0]  # bitsandbytes' table
     lv = Q.nf4_levels()
+    np.testing.assert_allclose(lv, published, atol=1e-7)
+    assert lv.dtype == np.float32
     assert lv[0] == -1 and lv[-1] == 1 and lv[7] == 0 and len(lv) == 16
 
 
