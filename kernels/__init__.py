@@ -1,0 +1,47 @@
+"""Real Triton kernels for quantized linear layers (lessons 09 and 10).
+
+Each file follows the Triton tutorials' order: a docstring that says what you will learn,
+pseudo-code, the kernel with every argument commented, a thin wrapper that checks its
+inputs, a plain-torch reference and a benchmark.
+
+- ``kernels.w8a16``    int8 weights, one scale per output channel, 16-bit activations
+- ``kernels.w4a16``    int4 weights packed two per byte, group-wise scales (and zero points)
+- ``kernels.fp8_w8a8`` FP8 E4M3 weights (per channel) and activations (per token, quantized
+  on the fly), fp32 accumulation; needs compute capability 8.9+ on a GPU
+- ``kernels.bench``    ``python -m kernels.bench``: the benchmark that writes ``results/*.json``
+
+Without a CUDA GPU the kernels run through the Triton interpreter (``TRITON_INTERPRET=1``),
+which must be set *before* triton is imported: importing this package does that first.
+The interpreter is correct but hundreds of times slower than torch, so on a CPU use small
+shapes and never time it.
+"""
+from course_lib.device import ensure_triton_mode
+
+INTERPRET = ensure_triton_mode()  # must run before `import triton` anywhere
+
+import triton  # noqa: E402,F401  (imported here, after the mode is set)
+
+__all__ = ["INTERPRET"]
+
+
+class exercise_launch:
+    """Context manager around a learner's kernel launch (lesson 09's exercise).
+
+    An unsolved exercise kernel raises ``NotImplementedError``; the interpreter wraps it in
+    its own ``InterpreterError`` (and a GPU compile fails on the ``raise``). This turns
+    both back into ``NotImplementedError`` so the checker says "not yet implemented".
+    """
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, err, tb):
+        if err is None or isinstance(err, NotImplementedError):
+            return False
+        chain = [err, err.__cause__, err.__context__]
+        if any(isinstance(e, NotImplementedError) for e in chain) or "NotImplementedError" in str(err):
+            raise NotImplementedError("exercise: write the kernel body") from err
+        return False
+
+
+__all__ += ["exercise_launch"]

@@ -1,0 +1,285 @@
+"""FP8 W8A8: E4M3 weights per channel, activations per token quantized on the fly (lesson 09).
+
+What you will learn
+-------------------
+* Weight *and* activation quantization: both operands of the matmul are FP8, so the tensor
+  cores multiply in FP8, at twice their BF16 rate on Hopper (989 -> 1,979 dense TFLOPS on an
+  H100). That is what speeds up prefill, where weight-only formats gain nothing.
+* Dynamic per-token scales: each row of x gets its own scale ``max|x_row| / 448`` computed
+  at run time by a small kernel, then the matmul kernel applies both scales once per output:
+  ``y[m, n] = xs[m] * ws[n] * sum_k xq[m, k] * wq[n, k]`` (fp32 accumulation).
+* The hardware check: FP8 tensor-core maths needs compute capability 8.9 or higher (Ada,
+  Hopper, Blackwell). On an older GPU the wrapper refuses with a clear message, and the
+  lesson falls back to ``fp8_w8a8_reference`` (emulation: the same numbers, in fp32).
+
+Pseudo-code::
+
+    # kernel 1: one program per token m
+    amax = max_k |x[m, k]| ;  xs[m] = amax / 448 (1 if amax == 0)
+    xq[m, :] = fp8(clamp(x[m, :] / xs[m], -448, 448))
+    # kernel 2: one program per (BLOCK_M, BLOCK_N) tile of y
+    acc = 0 (fp32)
+    for k0 in range(0, K, BLOCK_K):
+        acc += dot(xq[m-tile, k0:], wq[n-tile, k0:].T)   # FP8 x FP8 -> fp32
+    y = acc * xs[:, None] * ws[None, :]
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import triton
+import triton.language as tl
+
+from kernels import INTERPRET
+from kernels._common import check_activations, check_device, on_gpu, pow2_at_least
+
+FP8_MAX = 448.0                 # largest finite E4M3 value
+FP8_MIN_CC = (8, 9)             # Ada; Hopper is 9.0, Blackwell 10.x and 12.x
+FP8_DTYPE = torch.float8_e4m3fn
+
+
+# ---------------------------------------------------------------------------- kernels
+
+@triton.jit
+def _round_to_e4m3_grid(q):
+    """Round fp32 values (|q| <= 448) to the nearest E4M3 value, ties to even, in fp32.
+
+    Only used in the interpreter, whose fp32 -> fp8 cast drops a carry out of the mantissa
+    (7.94 becomes 4.0 instead of 8.0); casting a value already on the grid is exact. The
+    grid step is 2**(e - 3) for a value with exponent e (3 mantissa bits), and 2**-9 below
+    the smallest normal 2**-6 (subnormals).
+    """
+    bits = q.to(tl.int32, bitcast=True)
+    e = tl.maximum((bits >> 23) & 0xFF, 127 - 6)             # biased exponent, >= 2**-6
+    step = ((e - 3) << 23).to(tl.float32, bitcast=True)       # 2**(e - 127 - 3)
+    y = q / step                                              # exact: step is a power of 2
+    y = (y + 12582912.0) - 12582912.0                         # round half to even (1.5 * 2**23)
+    return y * step
+
+
+@triton.jit
+def quantize_rows_fp8_kernel(
+    x_ptr,        # activations, (M, K) contiguous, fp16/bf16/fp32
+    xq_ptr,       # output codes, (M, K) float8 e4m3
+    xs_ptr,       # output scales, (M,) fp32
+    K,            # features per row
+    stride_xm,    # elements between rows of x
+    stride_qm,    # elements between rows of xq
+    BLOCK_K: tl.constexpr,   # K elements per loop step
+    ROUND_FIRST: tl.constexpr,  # interpreter only: round to the E4M3 grid in fp32 first
+):
+    m = tl.program_id(0)                                     # one program per token
+    amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):                          # pass 1: the row's max |x|
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + m * stride_xm + offs_k, mask=offs_k < K, other=0.0)
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    row_max = tl.max(amax, axis=0)
+    scale = tl.where(row_max > 0, row_max / 448.0, 1.0)
+    tl.store(xs_ptr + m, scale)
+    for k0 in range(0, K, BLOCK_K):                          # pass 2: scale, clamp, cast
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        x = tl.load(x_ptr + m * stride_xm + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+        if ROUND_FIRST:
+            q = _round_to_e4m3_grid(q)
+        tl.store(xq_ptr + m * stride_qm + offs_k, q.to(tl.float8e4nv), mask=k_mask)
+
+
+@triton.jit
+def fp8_gemm_kernel(
+    a_ptr,        # quantized activations, (M, K) float8 e4m3
+    as_ptr,       # per-token scales, (M,) fp32
+    b_ptr,        # quantized weights, (N, K) float8 e4m3 (the nn.Linear layout)
+    bs_ptr,       # per-channel scales, (N,) fp32
+    y_ptr,        # output, (M, N), fp16/bf16/fp32
+    M, N, K,      # problem size
+    stride_am,    # elements between rows of a
+    stride_bn,    # elements between rows of b
+    stride_ym,    # elements between rows of y
+    BLOCK_M: tl.constexpr,   # rows of a per program
+    BLOCK_N: tl.constexpr,   # rows of b per program
+    BLOCK_K: tl.constexpr,   # K per loop step
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)        # (BLOCK_M,)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # (BLOCK_N,)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)   # (BLOCK_M, BLOCK_N)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + offs_k[None, :],
+                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # (BLOCK_M, BLOCK_K) fp8
+        b = tl.load(b_ptr + offs_n[:, None] * stride_bn + offs_k[None, :],
+                    mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # (BLOCK_N, BLOCK_K) fp8
+        acc += tl.dot(a, tl.trans(b))                        # FP8 x FP8 -> fp32
+    a_s = tl.load(as_ptr + offs_m, mask=m_mask, other=0.0)  # (BLOCK_M,)
+    b_s = tl.load(bs_ptr + offs_n, mask=n_mask, other=0.0)  # (BLOCK_N,)
+    acc = acc * a_s[:, None] * b_s[None, :]
+    tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
+             acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+_GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+                 for bm, bn, bk, w, s in [(16, 64, 128, 4, 4), (32, 64, 128, 4, 4),
+                                          (64, 64, 128, 4, 4), (64, 128, 128, 4, 4),
+                                          (128, 128, 128, 8, 3), (128, 256, 128, 8, 3),
+                                          (128, 128, 64, 4, 4)]]
+_gemm = fp8_gemm_kernel if INTERPRET else triton.autotune(_GEMM_CONFIGS, key=["M", "N", "K"])(
+    fp8_gemm_kernel)
+
+
+# ---------------------------------------------------------------------------- wrappers
+
+def fp8_supported() -> tuple[bool, str]:
+    """(True, why) when FP8 tensor-core maths can run here; the interpreter counts as yes."""
+    if INTERPRET:
+        return True, "Triton interpreter on the CPU: correct FP8 results, emulated, never timed"
+    if not torch.cuda.is_available():
+        return False, "no CUDA GPU"
+    cc = torch.cuda.get_device_capability(0)
+    name = torch.cuda.get_device_name(0)
+    if tuple(cc) < FP8_MIN_CC:
+        return False, (f"{name} has compute capability {cc[0]}.{cc[1]}; FP8 tensor-core maths "
+                       "needs 8.9 or higher (Ada, Hopper, Blackwell)")
+    return True, f"{name}, compute capability {cc[0]}.{cc[1]}"
+
+
+def require_fp8() -> None:
+    """Raise a RuntimeError that says what to do when FP8 maths is not available."""
+    ok, why = fp8_supported()
+    if not ok:
+        raise RuntimeError(f"FP8 W8A8 kernel refused: {why}. Use "
+                           "kernels.fp8_w8a8.fp8_w8a8_reference (emulation in fp32: same "
+                           "numbers, no speed-up), or a GPU with FP8 tensor cores.")
+
+
+def _check_weights(w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    if not isinstance(w_q, torch.Tensor) or w_q.dtype != FP8_DTYPE or w_q.dim() != 2:
+        raise TypeError("w_q must be a 2-D torch.float8_e4m3fn tensor (N, K); make one with "
+                        "kernels.fp8_w8a8.quantize_weight(w)")
+    N = w_q.shape[0]
+    if not isinstance(w_scale, torch.Tensor) or w_scale.numel() != N:
+        raise ValueError(f"w_scale must hold one scale per output row: {N} values, shape "
+                         f"({N},) or ({N}, 1)")
+    return w_scale.reshape(N).float().contiguous()
+
+
+def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token FP8 quantization with the Triton kernel: (xq (M, K) fp8, xs (M,) fp32).
+
+    In the interpreter, about 3-5% of fp32 -> fp8 casts lose a mantissa carry (a value that
+    should round up to the next power of two comes out one power of two lower): a known
+    interpreter bug. There the kernel first rounds to the E4M3 grid in fp32, so the cast is
+    exact; on a GPU the native cast rounds correctly by itself.
+    """
+    K = x.shape[-1]
+    x2 = check_activations(x, K)                                        # (M, K)
+    check_device(x2)
+    M = x2.shape[0]
+    xq = torch.empty((M, K), dtype=FP8_DTYPE, device=x.device)          # (M, K)
+    xs = torch.empty((M,), dtype=torch.float32, device=x.device)        # (M,)
+    if M:
+        block_k = 1024 if on_gpu() else pow2_at_least(K, 16, 128)
+        quantize_rows_fp8_kernel[(M,)](x2, xq, xs, K, x2.stride(0), xq.stride(0),
+                                       BLOCK_K=block_k, ROUND_FIRST=INTERPRET)
+    return xq, xs
+
+
+def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+             out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """y = (xq * xs[:, None]) @ (w_q * w_scale[:, None]).T with FP8 tensor-core maths."""
+    require_fp8()
+    ws = _check_weights(w_q, w_scale)
+    N, K = w_q.shape
+    if xq.dtype != FP8_DTYPE or xq.dim() != 2 or xq.shape[1] != K:
+        raise ValueError(f"xq must be float8_e4m3fn of shape (M, {K}); got {xq.dtype} "
+                         f"{tuple(xq.shape)} (make it with quantize_rows_fp8(x))")
+    M = xq.shape[0]
+    if xs.numel() != M:
+        raise ValueError(f"xs must hold one scale per row of xq ({M}), got {xs.numel()}")
+    xq, w_q, xs = xq.contiguous(), w_q.contiguous(), xs.reshape(M).float().contiguous()
+    check_device(xq, xs, w_q, ws)
+    y = torch.empty((M, N), dtype=out_dtype, device=xq.device)          # (M, N)
+    if M == 0:
+        return y
+    args = (xq, xs, w_q, ws, y, M, N, K, xq.stride(0), w_q.stride(0), y.stride(0))
+    if on_gpu():
+        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
+        _gemm[grid](*args)
+    else:
+        bm, bn, bk = pow2_at_least(M, 16, 32), 32, 32
+        _gemm[(triton.cdiv(M, bm), triton.cdiv(N, bn))](*args, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+    return y
+
+
+def fp8_w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """The whole FP8 W8A8 layer: quantize x per token on the fly, then the FP8 GEMM (lesson 09).
+
+    x: (..., K) fp16/bf16/fp32; w_q: (N, K) float8_e4m3fn; w_scale: (N,). Returns (..., N)
+    in x's dtype. Refuses (RuntimeError) on a GPU below compute capability 8.9.
+    """
+    require_fp8()
+    _check_weights(w_q, w_scale)
+    check_activations(x, w_q.shape[1])
+    xq, xs = quantize_rows_fp8(x)                                       # (M, K), (M,)
+    y = fp8_gemm(xq, xs, w_q, w_scale, out_dtype=x.dtype)               # (M, N)
+    return y.reshape(*x.shape[:-1], w_q.shape[0])
+
+
+# ---------------------------------------------------------------------------- reference
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w_q (N, K) float8_e4m3fn, scale (N,) fp32): per-channel FP8 (course_lib.quant)."""
+    from course_lib import quant
+
+    qt = quant.quantize(w.float(), fmt="fp8_e4m3", granularity="per_channel")
+    return qt.q.to(FP8_DTYPE), qt.scale.float().reshape(w.shape[0])  # exact: grid values
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token FP8 on the host (course_lib.quant): (xq (M, K) fp8, xs (M,) fp32)."""
+    from course_lib import quant
+
+    x2 = x.reshape(-1, x.shape[-1]).float()                             # (M, K)
+    qt = quant.quantize(x2, fmt="fp8_e4m3", granularity="per_token")
+    return qt.q.to(FP8_DTYPE), qt.scale.float().reshape(-1)
+
+
+def fp8_w8a8_reference(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """Emulation in plain torch: quantize x per token on the host, multiply in fp32.
+
+    The same numbers the FP8 kernel computes (up to fp32 summation order), on any device;
+    it is the fallback on GPUs without FP8 maths (and on CPUs).
+    """
+    ws = _check_weights(w_q, w_scale)
+    xq, xs = quantize_activations(x)                                    # (M, K), (M,)
+    y = F.linear(xq.float(), w_q.float()) * xs[:, None] * ws[None, :]   # (M, N)
+    return y.to(x.dtype).reshape(*x.shape[:-1], w_q.shape[0])
+
+
+# ---------------------------------------------------------------------------- benchmark
+
+def benchmark(shapes=((4096, 4096), (8192, 28672)), batches=(1, 16, 4096), dtype=torch.bfloat16):
+    """Median time, quantization of x included, against torch BF16 F.linear (GPU, cc >= 8.9)."""
+    from course_lib import bench
+
+    require_fp8()
+    if INTERPRET:
+        raise RuntimeError("never time the Triton interpreter: benchmark on a GPU")
+    rows = []
+    for K, N in shapes:
+        w = torch.randn(N, K, device="cuda", dtype=dtype) / K ** 0.5    # (N, K)
+        w_q, ws = quantize_weight(w)
+        for M in batches:
+            x = torch.randn(M, K, device="cuda", dtype=dtype)            # (M, K)
+            t_ref = bench.time_gpu(lambda: F.linear(x, w))
+            t_q = bench.time_gpu(lambda: fp8_w8a8_linear(x, w_q, ws))
+            rows.append({"K": K, "N": N, "M": M, "bf16_ms": t_ref, "fp8_ms": t_q,
+                         "speedup": t_ref / t_q})
+    return rows

@@ -1,0 +1,237 @@
+"""W8A16: int8 weights with one scale per output channel, 16-bit activations (lesson 09).
+
+What you will learn
+-------------------
+* Why a weight-only kernel reads int8 from memory and dequantizes *in registers*: the
+  whole point is to move 1 byte per weight instead of 2; writing a dequantized copy of W
+  back to memory first would move 2 + 2 + 1 bytes per weight and be slower than BF16.
+* How a GEMV (batch 1 to 8) differs from a skinny GEMM (batch 9 to 64 and beyond): the
+  first is a sum of products along K done with ``tl.sum``; the second uses ``tl.dot``
+  (tensor cores on a GPU).
+* Where the per-channel scale goes: it belongs to an output row of W, so it multiplies the
+  finished dot product once, not every weight.
+* Masks on the tail when N or K is not a multiple of the block, and split-K when N alone
+  does not give the GPU enough programs.
+
+The maths: ``y[m, n] = scale[n] * sum_k x[m, k] * w_q[n, k]`` with ``w_q`` int8 (N, K),
+``scale`` (N,), x (M, K) in fp16/bf16 (fp32 also accepted), accumulation in fp32.
+
+Pseudo-code of the GEMV kernel (one program = one row m of x, BLOCK_N rows of W)::
+
+    acc[BLOCK_N] = 0                              # fp32, in registers
+    for k0 in range(k_begin, k_end, BLOCK_K):     # this program's slice of K
+        x_blk = load x[m, k0:k0+BLOCK_K]          # masked past K
+        w_blk = load w_q[n0:n0+BLOCK_N, k0:k0+BLOCK_K]   # int8: 1 byte per weight read
+        acc  += sum over k of float(w_blk) * x_blk       # dequantize in registers
+    y[m, n0:n0+BLOCK_N] (+)= acc * scale[n0:n0+BLOCK_N]  # the scale, once per output
+
+The GEMM kernel is the same with a (BLOCK_M, BLOCK_K) tile of x and ``tl.dot``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import triton
+import triton.language as tl
+
+from kernels import INTERPRET
+from kernels._common import (GEMV_MAX_M, check_activations, check_device, gemv_plan,
+                             on_gpu, pow2_at_least)
+
+
+# ---------------------------------------------------------------------------- kernels
+
+@triton.jit
+def w8a16_gemv_kernel(
+    x_ptr,        # activations, (M, K) contiguous, fp16/bf16/fp32
+    w_ptr,        # int8 weights, (N, K) contiguous (the nn.Linear layout)
+    s_ptr,        # per-output-channel scales, (N,), any float dtype
+    y_ptr,        # output, (M, N); fp32 and zero-filled when SPLIT_K > 1
+    M, N, K,      # problem size
+    stride_xm,    # elements between rows of x
+    stride_wn,    # elements between rows of W
+    stride_ym,    # elements between rows of y
+    BLOCK_N: tl.constexpr,   # rows of W (outputs) per program
+    BLOCK_K: tl.constexpr,   # K elements per loop step
+    SPLIT_K: tl.constexpr,   # programs sharing one output block along K (1 = no split)
+):
+    pid_n = tl.program_id(0)          # which block of outputs
+    m = tl.program_id(1)              # which row of x (token)
+    pid_k = tl.program_id(2)          # which slice of K
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # (BLOCK_N,)
+    n_mask = offs_n < N
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_begin = pid_k * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, K)
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)            # (BLOCK_N,)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)                  # (BLOCK_K,)
+        k_mask = offs_k < k_end
+        x = tl.load(x_ptr + m * stride_xm + offs_k, mask=k_mask, other=0.0)
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :],
+                    mask=n_mask[:, None] & k_mask[None, :], other=0)   # (BLOCK_N, BLOCK_K) int8
+        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+    scale = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    acc = acc * scale                                        # once per output, after the sum
+    y_ptrs = y_ptr + m * stride_ym + offs_n
+    if SPLIT_K == 1:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
+    else:
+        tl.atomic_add(y_ptrs, acc, mask=n_mask)
+
+
+@triton.jit
+def w8a16_gemm_kernel(
+    x_ptr,        # activations, (M, K) contiguous
+    w_ptr,        # int8 weights, (N, K) contiguous
+    s_ptr,        # per-output-channel scales, (N,)
+    y_ptr,        # output, (M, N)
+    M, N, K,      # problem size
+    stride_xm,    # elements between rows of x
+    stride_wn,    # elements between rows of W
+    stride_ym,    # elements between rows of y
+    BLOCK_M: tl.constexpr,   # rows of x per program
+    BLOCK_N: tl.constexpr,   # rows of W per program
+    BLOCK_K: tl.constexpr,   # K per loop step
+    DOT_FP32: tl.constexpr,  # True: tl.dot in fp32 (interpreter: its bf16 dot is broken)
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)        # (BLOCK_M,)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # (BLOCK_N,)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)   # (BLOCK_M, BLOCK_N)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)                  # (BLOCK_K,)
+        k_mask = offs_k < K
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :],
+                    mask=n_mask[:, None] & k_mask[None, :], other=0)    # (BLOCK_N, BLOCK_K) int8
+        if DOT_FP32:
+            acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+        else:  # int8 -> fp16/bf16 is exact; tensor cores take 16-bit operands
+            acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+    scale = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)   # (BLOCK_N,)
+    acc = acc * scale[None, :]
+    tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
+             acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+# On a GPU, a small list of configurations is tried once per shape (autotuning); the
+# interpreter skips this (it cannot time anything) and uses the defaults in the wrapper.
+_GEMV_CONFIGS = [triton.Config({"BLOCK_K": bk}, num_warps=w, num_stages=s)
+                 for bk, w, s in [(128, 4, 3), (256, 4, 3), (512, 4, 2), (256, 8, 3), (512, 8, 3)]]
+_GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+                 for bm, bn, bk, w, s in [(16, 64, 128, 4, 4), (32, 64, 128, 4, 4), (64, 64, 128, 4, 4),
+                                          (64, 128, 64, 4, 4), (128, 128, 64, 8, 3),
+                                          (128, 256, 64, 8, 3)]]
+if INTERPRET:
+    _gemv, _gemm = w8a16_gemv_kernel, w8a16_gemm_kernel
+else:
+    _gemv = triton.autotune(_GEMV_CONFIGS, key=["M", "N", "K", "SPLIT_K"],
+                            reset_to_zero=["y_ptr"])(w8a16_gemv_kernel)
+    _gemm = triton.autotune(_GEMM_CONFIGS, key=["M", "N", "K"])(w8a16_gemm_kernel)
+
+
+# ---------------------------------------------------------------------------- wrapper
+
+def _check_weights(w_q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    if not isinstance(w_q, torch.Tensor) or w_q.dtype != torch.int8 or w_q.dim() != 2:
+        raise TypeError("w_q must be a 2-D int8 tensor (N, K); make one with "
+                        "kernels.w8a16.quantize_weight(w)")
+    if not isinstance(scale, torch.Tensor) or not scale.is_floating_point():
+        raise TypeError("scale must be a floating-point tensor of shape (N,)")
+    N = w_q.shape[0]
+    if scale.numel() != N or (scale.dim() == 2 and scale.shape[1] != 1) or scale.dim() > 2:
+        raise ValueError(f"scale has shape {tuple(scale.shape)}; a per-channel scale has one "
+                         f"value per output row of w_q: shape ({N},) or ({N}, 1)")
+    return scale.reshape(N).contiguous()
+
+
+def w8a16_linear(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor, *,
+                 block_n: int | None = None, split_k: int | None = None,
+                 force_gemm: bool = False) -> torch.Tensor:
+    """y = x @ (w_q * scale[:, None]).T with the Triton kernels (lesson 09).
+
+    x: (..., K) fp16/bf16/fp32; w_q: (N, K) int8; scale: (N,) or (N, 1). Returns (..., N)
+    in x's dtype. ``block_n``/``split_k`` override the GEMV launch plan and ``force_gemm``
+    takes the tl.dot kernel even for a small batch (tests use them to reach every path).
+    """
+    scale = _check_weights(w_q, scale)
+    N, K = w_q.shape
+    x2 = check_activations(x, K)                        # (M, K)
+    w_q = w_q.contiguous()
+    check_device(x2, w_q, scale)
+    M = x2.shape[0]
+    out_shape = (*x.shape[:-1], N)
+    if M == 0:
+        return torch.empty(out_shape, dtype=x.dtype, device=x.device)
+    if M <= GEMV_MAX_M and not force_gemm:
+        bn, sk = gemv_plan(M, N, K, k_unit=128)
+        bn, sk = block_n or bn, split_k or sk
+        y = (torch.zeros((M, N), dtype=torch.float32, device=x.device) if sk > 1
+             else torch.empty((M, N), dtype=x.dtype, device=x.device))        # (M, N)
+        grid = (triton.cdiv(N, bn), M, sk)
+        meta = {} if on_gpu() else {"BLOCK_K": 32}
+        _gemv[grid](x2, w_q, scale, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
+                    BLOCK_N=bn, SPLIT_K=sk, **meta)
+        return y.to(x.dtype).reshape(out_shape)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)                   # (M, N)
+    dot_fp32 = INTERPRET or x.dtype == torch.float32
+    if on_gpu():
+        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
+        _gemm[grid](x2, w_q, scale, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
+                    DOT_FP32=dot_fp32)
+    else:
+        bm, bn, bk = pow2_at_least(M, 16, 32), block_n or 32, 32
+        grid = (triton.cdiv(M, bm), triton.cdiv(N, bn))
+        _gemm[grid](x2, w_q, scale, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
+                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_FP32=True)
+    return y.reshape(out_shape)
+
+
+# ---------------------------------------------------------------------------- reference
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w_q (N, K) int8, scale (N,) fp32): symmetric per-channel int8 (course_lib.quant)."""
+    from course_lib import quant
+
+    qt = quant.quantize(w.float(), fmt="int8", granularity="per_channel")
+    q = torch.as_tensor(qt.q).to(torch.int8)                           # (N, K)
+    scale = torch.as_tensor(qt.scale).float().reshape(w.shape[0])      # (N,)
+    return q.to(w.device), scale.to(w.device)
+
+
+def w8a16_reference(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Plain torch: dequantize the whole weight, then F.linear in fp32; result in x's dtype."""
+    scale = _check_weights(w_q, scale)
+    w = w_q.float() * scale.float()[:, None]                            # (N, K)
+    return F.linear(x.float(), w).to(x.dtype)                           # (..., N)
+
+
+# ---------------------------------------------------------------------------- benchmark
+
+def benchmark(shapes=((4096, 4096), (8192, 28672)), batches=(1, 16), dtype=torch.bfloat16):
+    """Median time of the kernel against torch BF16 F.linear (GPU only; lesson 10).
+
+    ``shapes`` are (K in, N out). Returns a list of dicts. Use ``python -m kernels.bench``
+    for the full benchmark that writes a results JSON.
+    """
+    from course_lib import bench
+    from course_lib.device import require_gpu
+
+    require_gpu("kernels.w8a16.benchmark")
+    rows = []
+    for K, N in shapes:
+        w = torch.randn(N, K, device="cuda", dtype=dtype) / K ** 0.5    # (N, K)
+        w_q, scale = quantize_weight(w)
+        for M in batches:
+            x = torch.randn(M, K, device="cuda", dtype=dtype)            # (M, K)
+            t_ref = bench.time_gpu(lambda: F.linear(x, w))
+            t_q = bench.time_gpu(lambda: w8a16_linear(x, w_q, scale))
+            rows.append({"K": K, "N": N, "M": M, "bf16_ms": t_ref, "w8a16_ms": t_q,
+                         "speedup": t_ref / t_q})
+    return rows

@@ -1,0 +1,99 @@
+"""FP8 W8A8 Triton kernels against the plain-torch emulation (interpreter on CPU, native on GPU)."""
+import kernels  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
+import pytest
+import torch
+
+from course_lib.compare import cmp
+from kernels._common import on_gpu
+from kernels.fp8_w8a8 import (FP8_DTYPE, fp8_gemm, fp8_supported, fp8_w8a8_linear,
+                              fp8_w8a8_reference, quantize_activations, quantize_rows_fp8,
+                              quantize_weight)
+
+DEV = "cuda" if on_gpu() else "cpu"
+SUPPORTED, WHY = fp8_supported()
+needs_fp8 = pytest.mark.skipif(not SUPPORTED, reason=WHY)
+SHAPES = [(1, 33, 50), (3, 17, 128), (7, 40, 77), (16, 40, 96), (20, 50, 64), (33, 9, 40)]
+if on_gpu():
+    SHAPES += [(1, 4096, 4096), (64, 1024, 4096), (300, 1000, 2000)]
+
+
+def _case(M, N, K, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(N, K, generator=g) / K ** 0.5                       # (N, K)
+    x = torch.randn(M, K, generator=g).to(dtype)                        # (M, K)
+    w_q, ws = quantize_weight(w)
+    return x.to(DEV), w_q.to(DEV), ws.to(DEV)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_quantization_matches_host(dtype):
+    x, _, _ = _case(12, 4, 150, dtype)
+    x[0] = 0.0                                                          # an all-zero token: scale 1
+    x[1, 3] = 1000.0                                                    # one outlier: tiny values go subnormal
+    xq, xs = quantize_rows_fp8(x)
+    xq_h, xs_h = quantize_activations(x.cpu())
+    assert xq.dtype == FP8_DTYPE and xs.shape == (12,)
+    assert torch.allclose(xs.cpu(), xs_h, rtol=1e-6) and xs[0].item() == 1.0
+    assert torch.equal(xq.cpu().float(), xq_h.float()), "codes must equal course_lib.quant's"
+
+
+def test_grid_rounding_every_e4m3_midpoint():
+    """Values halfway between grid points round to even, as torch's own cast does."""
+    grid = torch.arange(0, 256, dtype=torch.uint8).view(FP8_DTYPE).float()
+    grid = grid[torch.isfinite(grid) & (grid >= 0)].unique()           # (n,) sorted
+    mids = (grid[:-1] + grid[1:]) / 2
+    vals = torch.cat([grid, mids, -mids, torch.tensor([448.0])])[None, :]   # (1, n)
+    vals[0, -1] = 448.0                                                 # pins the scale to 1
+    xq, xs = quantize_rows_fp8(vals.to(DEV))
+    assert xs.item() == 1.0
+    assert torch.equal(xq.cpu().float(), vals.to(FP8_DTYPE).float())
+
+
+@needs_fp8
+@pytest.mark.parametrize("M,N,K", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_matches_emulation(M, N, K, dtype):
+    x, w_q, ws = _case(M, N, K, dtype)
+    tol = 1e-4 if dtype == torch.float32 else 1.6e-2
+    res = cmp("fp8", fp8_w8a8_reference(x, w_q, ws), fp8_w8a8_linear(x, w_q, ws),
+              rtol=tol, atol=tol)
+    assert res, str(res)
+
+
+@needs_fp8
+def test_gemm_with_host_quantized_activations_is_exact_up_to_summation():
+    x, w_q, ws = _case(5, 30, 96, torch.float32)
+    xq, xs = quantize_activations(x)
+    y = fp8_gemm(xq.to(DEV), xs.to(DEV), w_q, ws, out_dtype=torch.float32)
+    expected = (xq.float() @ w_q.float().cpu().T) * xs[:, None] * ws.cpu()[None, :]
+    assert torch.allclose(y.cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_emulation_is_close_to_full_precision():
+    x, w_q, ws = _case(4, 64, 256, torch.float32)
+    w = w_q.float() * ws[:, None]
+    exact = x @ w.T
+    # E4M3 has 3 mantissa bits: a relative error of a few percent per product, averaged out
+    rel = (fp8_w8a8_reference(x, w_q, ws) - exact).norm() / exact.norm()
+    assert 1e-4 < rel.item() < 0.05
+
+
+def test_refusal_message_on_old_gpus(monkeypatch):
+    import kernels.fp8_w8a8 as mod
+    monkeypatch.setattr(mod, "INTERPRET", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA A100")
+    ok, why = mod.fp8_supported()
+    assert not ok and "8.0" in why and "8.9" in why
+    x, w_q, ws = _case(1, 8, 16, torch.float32)
+    with pytest.raises(RuntimeError, match="fp8_w8a8_reference"):
+        mod.fp8_w8a8_linear(x, w_q, ws)
+
+
+def test_bad_inputs_say_what_to_do():
+    x, w_q, ws = _case(1, 8, 16, torch.float32)
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        fp8_w8a8_reference(x, w_q.float(), ws)
+    with pytest.raises(ValueError, match="one scale per output row"):
+        fp8_w8a8_reference(x, w_q, ws[:3])

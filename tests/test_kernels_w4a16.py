@@ -1,0 +1,83 @@
+"""W4A16 Triton kernels against the plain-torch reference (interpreter on CPU, native on GPU)."""
+import kernels  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
+import pytest
+import torch
+
+from course_lib import quant
+from course_lib.compare import cmp
+from kernels._common import on_gpu
+from kernels.w4a16 import (W4A16Weight, dequantize_weight, quantize_weight, w4a16_linear,
+                           w4a16_reference)
+
+DEV = "cuda" if on_gpu() else "cpu"
+# (M, N, K, group): batch 1 and above, N not a multiple of the block, every group size
+SHAPES = [(1, 33, 64, 32), (1, 17, 128, 128), (2, 40, 128, 64), (5, 31, 96, 32),
+          (8, 50, 192, 64), (9, 33, 64, 32), (16, 65, 128, 128), (33, 20, 96, 32)]
+if on_gpu():
+    SHAPES += [(1, 4096, 4096, 128), (4, 14336, 4096, 128), (16, 1024, 4096, 64),
+               (64, 4096, 14336, 128), (1, 1000, 4096, 32)]
+TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (2e-3, 2e-2), torch.bfloat16: (1.6e-2, 1e-1)}
+
+
+def _case(M, N, K, G, dtype, symmetric=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(N, K, generator=g) / K ** 0.5                       # (N, K)
+    x = torch.randn(M, K, generator=g).to(dtype)                        # (M, K)
+    wt = quantize_weight(w, G, symmetric)
+    dev = lambda t: None if t is None else t.to(DEV)  # noqa: E731
+    return x.to(DEV), W4A16Weight(dev(wt.packed), dev(wt.scale), dev(wt.zero), G), w
+
+
+@pytest.mark.parametrize("M,N,K,G", SHAPES)
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_reference(M, N, K, G, symmetric, dtype):
+    x, wt, _ = _case(M, N, K, G, dtype, symmetric)
+    rtol, atol = TOL[dtype]
+    res = cmp("w4a16", w4a16_reference(x, wt), w4a16_linear(x, wt), rtol=rtol, atol=atol)
+    assert res, str(res)
+
+
+@pytest.mark.parametrize("path", [dict(split_k=2, block_n=8), dict(force_gemm=True),
+                                  dict(split_k=3, block_n=16)])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_every_path(path, symmetric):
+    x, wt, _ = _case(3, 37, 192, 32, torch.float32, symmetric, seed=1)
+    res = cmp("w4a16", w4a16_reference(x, wt), w4a16_linear(x, wt, **path), rtol=1e-4, atol=1e-4)
+    assert res, str(res)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_weight_round_trips_through_course_lib_quant(symmetric):
+    _, wt, w = _case(1, 12, 128, 32, torch.float32, symmetric)
+    expected = quant.dequantize(quant.quantize(w, "int4", "per_group", 32, symmetric))
+    assert torch.equal(dequantize_weight(wt).cpu(), expected)
+    assert wt.packed.shape == (12, 64) and wt.packed.dtype == torch.uint8
+    assert wt.nbytes() == 12 * 64 + 2 * 12 * 4 + (0 if symmetric else 12 * 4)
+
+
+def test_nibble_order_low_then_high():
+    """A weight with code k at column k (-8..7) must come back in that order."""
+    codes = torch.arange(-8, 8, dtype=torch.int8).repeat(1, 2)          # (1, 32)
+    wt = W4A16Weight(quant.pack_int4(codes), torch.ones(1, 1), None, 32)
+    x = torch.zeros(1, 32)
+    for k in (0, 1, 2, 15, 30, 31):                                     # a one-hot x picks column k
+        x.zero_()
+        x[0, k] = 1.0
+        assert w4a16_linear(x.to(DEV), _to(wt)).item() == codes[0, k].item()
+
+
+def _to(wt):
+    return W4A16Weight(wt.packed.to(DEV), wt.scale.to(DEV), None, wt.group_size)
+
+
+def test_bad_inputs_say_what_to_do():
+    x, wt, _ = _case(1, 8, 64, 32, torch.float32)
+    with pytest.raises(ValueError, match="64 input features"):
+        w4a16_linear(x[:, :63], wt)
+    with pytest.raises(ValueError, match="not supported"):
+        quantize_weight(torch.randn(4, 96), group_size=48)
+    with pytest.raises(ValueError, match="expected"):
+        w4a16_linear(x, W4A16Weight(wt.packed, wt.scale[:, :1], None, 32))
+    with pytest.raises(TypeError, match="W4A16Weight"):
+        w4a16_linear(x, wt.packed)
