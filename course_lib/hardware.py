@@ -174,7 +174,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in [
     GPU("H100 PCIe", 80, 2.0, 756, 1513, 1513, None, (9, 0), "Hopper",
         _NV.format("H100 Tensor Core GPU (PCIe)")),
     GPU("H100 NVL", 94, 3.9, 835.5, 1670.5, 1670.5, None, (9, 0), "Hopper",
-        _NV.format("H100 Tensor Core GPU (NVL); its printed 1,671 / 3,341 are the sparse BF16 / FP8")),
+        _NV.format("H100 Tensor Core GPU (H100 NVL)") + "; its 1,671 BF16 / 3,341 FP8 are sparse"),
     GPU("H200", 141, 4.8, 989, 1979, 1979, None, (9, 0), "Hopper",
         _NV.format("H200 Tensor Core GPU (SXM)")),
     GPU("A100 40GB", 40, 1.555, 312, None, 624, None, (8, 0), "Ampere",
