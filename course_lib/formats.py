@@ -387,7 +387,8 @@ class FormatSpec:
             raise ValueError(f"{self.name} has 2^{self.bits} bit patterns, too many to list; "
                              f"values() covers formats of up to 16 bits")
         v = self.decode(np.arange(1 << self.bits))
-        return np.unique(v[np.isfinite(v)])
+        v = np.unique(v[np.isfinite(v)])
+        return np.where(v == 0, 0.0, v)                  # one zero, +0.0 (not -0.0)
 
     def describe(self, bits: int) -> dict:
         """Everything about one bit pattern, for lesson 01's explorer: fields, class, value.
@@ -421,6 +422,9 @@ class FormatSpec:
                        f"(exponent field 0: subnormal, exponent fixed at 1 - bias) = {value:.8g}")
             return dict(out, exponent=self.emin, category=cat, formula=formula)
         exp = e - self.bias
+        if mb == 0:                                      # E8M0: a bare power of two
+            formula = f"2^({e} - {self.bias}) = 2^{exp} = {value:.8g}"
+            return dict(out, exponent=exp, category="normal", formula=formula)
         formula = (f"{sign_txt}1.{mant_txt or '0'}b x 2^({e} - {self.bias}) = "
                    f"{sign_txt}{1 + m / (1 << mb) if mb else 1:.8g} x 2^{exp} = {value:.8g}")
         return dict(out, exponent=exp, category="normal", formula=formula)
@@ -472,6 +476,31 @@ _SPECS = {
                       levels=tuple(float(v) for v in nf4_levels())),
 }
 assert tuple(_SPECS) == FORMAT_NAMES
+
+
+def make_float_format(exponent_bits: int, mantissa_bits: int, bias: int | None = None,
+                      name: str | None = None) -> FormatSpec:
+    """A small float format of your own: every pattern a number, no inf or NaN (lesson 01).
+
+    Like FP4 E2M1 and the MX FP6 formats (E3M2, E2M3): exponent field 0 holds zero and the
+    subnormals; anything too big saturates. ``bias`` defaults to 2^(exponent_bits-1) - 1.
+    """
+    if exponent_bits < 1 or mantissa_bits < 0 or exponent_bits + mantissa_bits > 15:
+        raise ValueError(f"need exponent_bits >= 1, mantissa_bits >= 0 and at most 15 bits in "
+                         f"all; got E{exponent_bits}M{mantissa_bits}")
+    bias = (1 << (exponent_bits - 1)) - 1 if bias is None else int(bias)
+    name = name or f"e{exponent_bits}m{mantissa_bits}"
+    return _float(name, exponent_bits, mantissa_bits, bias, "none", "saturate",
+                  f"custom E{exponent_bits}M{mantissa_bits}, bias {bias}, no inf or NaN")
+
+
+def nonnegative_float_values(exponent_bits: int, mantissa_bits: int, bias: int) -> np.ndarray:
+    """Sorted values >= 0 of ``make_float_format(exponent_bits, mantissa_bits, bias)``.
+
+    Lesson 01's exercise: for E2M1 with bias 1 this is 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+    """
+    v = make_float_format(exponent_bits, mantissa_bits, bias).values()
+    return v[v >= 0]
 
 
 def get_format(name: str) -> FormatSpec:
@@ -621,4 +650,5 @@ def library_encode(x, name: str, library: str) -> np.ndarray:
 
 
 __all__ = ["FORMAT_NAMES", "FormatSpec", "FormatTable", "get_format", "round_to_format",
-           "format_table", "nf4_levels", "library_decode", "library_encode", "NF4_OFFSET"]
+           "format_table", "nf4_levels", "library_decode", "library_encode", "NF4_OFFSET",
+           "make_float_format", "nonnegative_float_values"]

@@ -394,3 +394,55 @@ def test_known_difference_e5m2_nan_pattern():
     assert library_encode(nan32, "fp8_e5m2", "torch")[0] == 0x7F
     assert library_encode(nan32, "fp8_e5m2", "ml_dtypes")[0] == 0x7E
     assert get_format("fp8_e5m2").encode(np.nan) == 0x7E
+
+
+# ---- custom small floats (lesson 01's exercise) --------------------------------------------
+
+def test_make_float_format_fp6_and_exercise_reference():
+    assert formats.make_float_format(3, 2).max_value == 28.0         # MX FP6 E3M2
+    assert formats.make_float_format(2, 3).max_value == 7.5          # MX FP6 E2M3
+    assert formats.nonnegative_float_values(2, 1, 1).tolist() == [0, 0.5, 1, 1.5, 2, 3, 4, 6]
+    e4m3_all = formats.make_float_format(4, 3, 7)
+    assert e4m3_all.max_value == 480.0                               # no NaN pattern reserved
+    assert not np.signbit(formats.nonnegative_float_values(2, 1, 1)[0])
+    with pytest.raises(ValueError, match="exponent_bits"):
+        formats.make_float_format(0, 3)
+
+
+# ---- the widget and plots ------------------------------------------------------------------
+
+def test_bit_explorer_flips_bits_and_rounds_typed_numbers():
+    from course_lib.widgets.formats import bit_explorer
+
+    box = bit_explorer("fp8_e4m3", 0.1)
+    c = box.controls
+    assert len(c["bits"]) == 8 and "0.1015625" in box.nearest.value
+    assert [b.value for b in c["bits"]] == [bool(int(ch)) for ch in "00011101"]
+    c["number"].value = 1000.0                                       # saturates
+    assert "<b>448</b>" in box.nearest.value and "<b>448</b>" in box.result.value
+    c["bits"][7].value = True                                        # 0x7F: NaN
+    assert "nan" in box.result.value
+    c["bits"][0].value = True
+    assert "0xFF" in box.result.value
+    c["format"].value = "fp4_e2m1"
+    assert len(box.controls["bits"]) == 4 and "<b>6</b>" in box.nearest.value
+    for b in box.controls["bits"]:
+        b.value = False
+    box.controls["bits"][2].value = True                             # 0 01 0 = 1.0
+    assert "<b>1</b>" in box.result.value
+    c["format"].value = "e8m0"
+    c["number"].value = -3.0
+    assert "no sign bit" in box.nearest.value
+    c["format"].value = "fp32"
+    assert len(box.controls["bits"]) == 32
+
+
+def test_value_grids_and_spacing():
+    from course_lib.widgets.formats import spacing, value_grids
+
+    g = value_grids()
+    assert len(g["int4"]) == 15 and np.allclose(np.diff(g["int4"]), 1 / 7)
+    assert g["fp4_e2m1"].max() == 1 and len(g["fp4_e2m1"]) == 15 and len(g["nf4"]) == 16
+    v, gap = spacing("fp8_e4m3")
+    normal = v >= 2.0 ** -6
+    assert np.all((gap[normal] / v[normal] <= 0.125) & (gap[normal] / v[normal] > 0.0625))

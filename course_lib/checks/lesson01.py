@@ -1,0 +1,275 @@
+"""Exercises of lesson 01, "Number formats, bit by bit" (solutions/01_number_formats.ipynb).
+
+Each reference is ``course_lib.formats``; each wrong answer is a mistake people make when they
+write these codecs by hand (tests/test_checks.py proves the checker rejects every one).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from course_lib.checks import Case, Exercise, register
+from course_lib.formats import get_format, nonnegative_float_values, round_to_format
+
+# ---- 01.decode_e4m3: one FP8 E4M3 byte -> its value -----------------------------------------
+
+
+def _ref_decode_e4m3(byte: int) -> float:
+    return float(get_format("fp8_e4m3").decode(byte))
+
+
+def _e4m3_fields(byte):
+    return (byte >> 7) & 1, (byte >> 3) & 0xF, byte & 0x7
+
+
+def _wrong_decode_no_bias(byte):
+    s, e, m = _e4m3_fields(byte)
+    if e == 15 and m == 7:
+        return math.nan
+    v = (1 + m / 8) * 2.0 ** e if e else m / 8 * 2.0 ** 1
+    return -v if s else v
+
+
+def _wrong_decode_no_subnormals(byte):
+    s, e, m = _e4m3_fields(byte)
+    if e == 15 and m == 7:
+        return math.nan
+    v = (1 + m / 8) * 2.0 ** (e - 7) if byte & 0x7F else 0.0   # e = 0 read as a normal number
+    return -v if s else v
+
+
+def _wrong_decode_ieee_specials(byte):
+    s, e, m = _e4m3_fields(byte)
+    if e == 15:                                   # IEEE habit: all-ones exponent is inf / NaN
+        v = math.inf if m == 0 else math.nan
+    else:
+        v = (1 + m / 8) * 2.0 ** (e - 7) if e else m / 8 * 2.0 ** -6
+    return -v if s else v
+
+
+def _wrong_decode_7f_is_inf(byte):
+    s, e, m = _e4m3_fields(byte)
+    if e == 15 and m == 7:
+        v = math.inf                               # E4M3 has no inf: 0x7F is NaN
+    else:
+        v = (1 + m / 8) * 2.0 ** (e - 7) if e else m / 8 * 2.0 ** -6
+    return -v if s else v
+
+
+def _wrong_decode_ignores_sign(byte):
+    _, e, m = _e4m3_fields(byte)
+    if e == 15 and m == 7:
+        return math.nan
+    return (1 + m / 8) * 2.0 ** (e - 7) if e else m / 8 * 2.0 ** -6
+
+
+def _wrong_decode_subnormal_exponent_minus7(byte):
+    s, e, m = _e4m3_fields(byte)
+    if e == 15 and m == 7:
+        return math.nan
+    v = (1 + m / 8) * 2.0 ** (e - 7) if e else m / 8 * 2.0 ** -7   # 0 - bias instead of 1 - bias
+    return -v if s else v
+
+
+register(Exercise(
+    id="01.decode_e4m3",
+    title="decode one FP8 E4M3 byte",
+    reference=_ref_decode_e4m3,
+    cases=lambda: [
+        Case((0x38,), label="1.0"),
+        Case((0x7E,), label="448, the largest value"),
+        Case((0xBE,), label="-448: the sign bit"),
+        Case((0x08,), label="smallest normal 2^-6"),
+        Case((0x01,), label="smallest subnormal 2^-9"),
+        Case((0x05,), label="a subnormal"),
+        Case((0x00,), label="zero"),
+        Case((0x78,), label="0x78 = 256: an all-ones exponent is still a number"),
+        Case((0x7F,), label="0x7F: NaN, not inf"),
+        Case((0x4D,), label="0x4D"),
+    ],
+    hint="split the byte into s (1 bit), e (4 bits), m (3 bits); e > 0: (1 + m/8) * 2^(e - 7); "
+         "e == 0: subnormal, (m/8) * 2^(1 - 7); only e == 15 and m == 7 is NaN (no inf); "
+         "negate when s is 1",
+    wrong=[_wrong_decode_no_bias, _wrong_decode_no_subnormals, _wrong_decode_ieee_specials,
+           _wrong_decode_7f_is_inf, _wrong_decode_ignores_sign,
+           _wrong_decode_subnormal_exponent_minus7],
+))
+
+
+# ---- 01.bf16_bits: float32 -> bfloat16 bits by rounding the top 16 bits ---------------------
+
+
+def _ref_bf16_bits(x: float) -> int:
+    return int(get_format("bf16").encode(np.float32(x)))
+
+
+def _f32_bits(x) -> int:
+    return int(np.array(x, dtype=np.float32).view(np.uint32))
+
+
+def _wrong_bf16_truncate(x):
+    return _f32_bits(x) >> 16                                   # chops, never rounds
+
+
+def _wrong_bf16_round_half_up(x):
+    return (_f32_bits(x) + 0x8000) >> 16                        # ties always go up
+
+
+def _wrong_bf16_ties_to_odd(x):
+    b = _f32_bits(x)
+    return (b + 0x7FFF + (1 - ((b >> 16) & 1))) >> 16             # even/odd swapped
+
+
+def _wrong_bf16_sign_lost(x):
+    return _ref_bf16_bits(abs(x))
+
+
+def _wrong_bf16_via_float16(x):
+    return int(np.array(x, dtype=np.float16).view(np.uint16))   # fp16 is a different layout
+
+
+register(Exercise(
+    id="01.bf16_bits",
+    title="float32 -> bfloat16 bit pattern, round to nearest even",
+    reference=_ref_bf16_bits,
+    cases=lambda: [
+        Case((1.0,), label="1.0 -> 0x3F80"),
+        Case((3.140625,), label="exactly representable"),
+        Case((float(np.float32(0.1)),), label="0.1 rounds up"),
+        Case((1.0 + 2.0 ** -8,), label="a tie: stays on the even 1.0"),
+        Case((1.0 + 3 * 2.0 ** -8,), label="a tie: goes up to the even neighbour"),
+        Case((-2.5 - 2.0 ** -9,), label="negative, rounds down in magnitude"),
+        Case((float(np.finfo(np.float32).max),), label="float32 max rounds to inf (0x7F80)"),
+        Case((-0.0,), label="-0.0 -> 0x8000"),
+        Case((1.0e-40,), label="a float32 subnormal"),
+    ],
+    hint="bits = int(np.float32(x).view(np.uint32)); the bf16 pattern is the top 16 bits, "
+         "rounded: add 0x7FFF plus the lowest kept bit ((bits >> 16) & 1), then shift right 16",
+    wrong=[_wrong_bf16_truncate, _wrong_bf16_round_half_up, _wrong_bf16_ties_to_odd,
+           _wrong_bf16_sign_lost, _wrong_bf16_via_float16],
+))
+
+
+# ---- 01.float_values: every value >= 0 of a small float format -----------------------------
+
+
+def _decode_small(e, m, exponent_bits, mantissa_bits, bias, subnormals=True, bias_sign=-1):
+    if e == 0 and subnormals:
+        return m / 2 ** mantissa_bits * 2.0 ** (1 - bias)
+    return (1 + m / 2 ** mantissa_bits) * 2.0 ** (e + bias_sign * bias)
+
+
+def _all_fields(exponent_bits, mantissa_bits):
+    return [(e, m) for e in range(2 ** exponent_bits) for m in range(2 ** mantissa_bits)]
+
+
+def _wrong_values_no_subnormals(exponent_bits, mantissa_bits, bias):
+    v = {_decode_small(e, m, exponent_bits, mantissa_bits, bias, subnormals=False)
+         for e, m in _all_fields(exponent_bits, mantissa_bits)}
+    return np.array(sorted(v | {0.0}))
+
+
+def _wrong_values_plus_bias(exponent_bits, mantissa_bits, bias):
+    v = {_decode_small(e, m, exponent_bits, mantissa_bits, bias, bias_sign=+1) if e else
+         m / 2 ** mantissa_bits * 2.0 ** (1 + bias)
+         for e, m in _all_fields(exponent_bits, mantissa_bits)}
+    return np.array(sorted(v))
+
+
+def _wrong_values_top_exponent_reserved(exponent_bits, mantissa_bits, bias):
+    v = {_decode_small(e, m, exponent_bits, mantissa_bits, bias)
+         for e, m in _all_fields(exponent_bits, mantissa_bits) if e < 2 ** exponent_bits - 1}
+    return np.array(sorted(v))                      # IEEE habit: top exponent kept for inf/NaN
+
+
+def _wrong_values_unsorted_with_duplicates(exponent_bits, mantissa_bits, bias):
+    return np.array([_decode_small(e, m, exponent_bits, mantissa_bits, bias)
+                     for e, m in _all_fields(exponent_bits, mantissa_bits)][::-1])
+
+
+register(Exercise(
+    id="01.float_values",
+    title="list every value >= 0 of a small float format (no inf, no NaN)",
+    reference=nonnegative_float_values,
+    cases=lambda: [
+        Case((2, 1, 1), label="FP4 E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6"),
+        Case((3, 2, 3), label="FP6 E3M2 (max 28)"),
+        Case((2, 3, 1), label="FP6 E2M3 (max 7.5)"),
+        Case((1, 2, 0), label="E1M2, bias 0"),
+        Case((4, 3, 7), label="E4M3 if every pattern were a number (max 480)"),
+    ],
+    hint="loop over every exponent field e and mantissa field m; e == 0 is zero or subnormal: "
+         "(m / 2^M) * 2^(1 - bias); otherwise (1 + m / 2^M) * 2^(e - bias); return the distinct "
+         "values, sorted, as a float64 numpy array",
+    wrong=[_wrong_values_no_subnormals, _wrong_values_plus_bias,
+           _wrong_values_top_exponent_reserved, _wrong_values_unsorted_with_duplicates],
+))
+
+
+# ---- 01.round_e4m3: round a number to the nearest FP8 E4M3 value ---------------------------
+
+
+def _ref_round_e4m3(x: float) -> float:
+    return round_to_format(float(x), "fp8_e4m3")
+
+
+def _e4m3_step(a):
+    e = max(math.floor(math.log2(a)), -6) if a > 0 else -6
+    return 2.0 ** (e - 3)
+
+
+def _wrong_round_truncate(x):
+    a = abs(x)
+    step = _e4m3_step(a)
+    return math.copysign(min(math.floor(a / step) * step, 448.0), x)
+
+
+def _wrong_round_half_away(x):
+    a = abs(x)
+    step = _e4m3_step(a)
+    return math.copysign(min(math.floor(a / step + 0.5) * step, 448.0), x)
+
+
+def _wrong_round_no_saturation(x):
+    a = abs(x)
+    step = _e4m3_step(a)
+    return math.copysign(round(a / step) * step, x)             # 1000 -> 1024, not 448
+
+
+def _wrong_round_no_subnormal_clamp(x):
+    a = abs(x)
+    e = math.floor(math.log2(a)) if a > 0 else -6               # exponent below -6 allowed
+    step = 2.0 ** (e - 3)
+    return math.copysign(min(round(a / step) * step, 448.0), x)
+
+
+def _wrong_round_step_from_bits(x):
+    a = abs(x)
+    e = max(math.floor(math.log2(a)), -6) if a > 0 else -6
+    step = 2.0 ** (e - 4)                                        # one mantissa bit too many
+    return math.copysign(min(round(a / step) * step, 448.0), x)
+
+
+register(Exercise(
+    id="01.round_e4m3",
+    title="round a number to the nearest FP8 E4M3 value",
+    reference=_ref_round_e4m3,
+    cases=lambda: [
+        Case((0.1,), label="0.1 -> 0.1015625"),
+        Case((1.0625,), label="a tie: stays on the even 1.0"),
+        Case((1.1875,), label="a tie: goes up to the even 1.25"),
+        Case((300.0,), label="300 -> 288"),
+        Case((-0.3,), label="negative"),
+        Case((0.001,), label="subnormal range: step 2^-9"),
+        Case((0.0009,), label="under half the smallest subnormal: 0"),
+        Case((464.0,), label="464, a tie at the top: 448"),
+        Case((1000.0,), label="too big: saturates to 448"),
+        Case((0.0,), label="zero"),
+    ],
+    hint="for a = |x| > 0, e = max(floor(log2(a)), -6); the grid step there is 2^(e - 3); "
+         "round a / step to the nearest integer with ties to even (Python's round does that), "
+         "multiply back, cap at 448, and put the sign back",
+    wrong=[_wrong_round_truncate, _wrong_round_half_away, _wrong_round_no_saturation,
+           _wrong_round_no_subnormal_clamp, _wrong_round_step_from_bits],
+))
