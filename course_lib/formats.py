@@ -430,6 +430,46 @@ class FormatSpec:
         return dict(out, exponent=exp, category="normal", formula=formula)
 
 
+def explain_rounding(x: float, name: str) -> str:
+    """The encoder's steps for one number, in words and numbers (lesson 01).
+
+    For a float format: the exponent, the grid step there, the division, the rounding
+    (ties to even), the overflow rule, the sign and the bits. Integer and lookup formats get
+    the short version (nearest integer / nearest level, then saturation).
+    """
+    s = get_format(name)
+    x = float(x)
+    code = int(s.encode(x))                      # raises the format's own errors first
+    value = float(s.decode(code))
+    lines = [f"x = {x:.10g} in {s.name}"]
+    if s.kind == "float" and np.isfinite(x) and x != 0:
+        a = abs(x)
+        raw_e = int(np.frexp(a)[1]) - 1
+        e = max(raw_e, s.emin)
+        step = float(np.ldexp(1.0, e - s.mantissa_bits))
+        n = a / step
+        clamp = "" if e == raw_e else f", raised to the smallest normal exponent {s.emin}"
+        lines += [f"|x| = {a:.10g}; floor(log2 |x|) = {raw_e}{clamp}: e = {e}",
+                  f"grid step at that exponent: 2^(e - {s.mantissa_bits}) = 2^{e - s.mantissa_bits}"
+                  f" = {step:.6g}",
+                  f"|x| / step = {n:.6g} -> nearest integer, ties to even: {np.rint(n):.0f}",
+                  f"{np.rint(n):.0f} x {step:.6g} = {np.rint(n) * step:.10g}"]
+        r = float(np.rint(n) * step)
+        if not s.subnormals and r < s.smallest_normal:
+            lines.append(f"below the smallest value: becomes {s.smallest_normal:.6g}")
+        elif r > s.max_value:
+            lines.append(f"above the largest value {s.max_value:g}: overflow rule "
+                         f"'{s.overflow}' gives {value:g}")
+    elif s.kind == "int":
+        lines.append(f"nearest integer (ties to even) {np.rint(x):.0f}, kept within "
+                     f"{s.int_min}..{s.int_max}")
+    elif s.kind == "lut":
+        lines.append(f"nearest of the {len(s.levels)} levels (after clipping to "
+                     f"[{min(s.levels):g}, {max(s.levels):g}]): level {code}")
+    lines.append(f"stored value {value:.10g}, bits {s.bit_string(code)}")
+    return "\n".join(lines)
+
+
 def _as_float64(x) -> np.ndarray:
     """Numbers, lists, numpy arrays (ml_dtypes too) or torch tensors -> float64 numpy array."""
     if hasattr(x, "detach"):  # torch tensor
@@ -651,4 +691,4 @@ def library_encode(x, name: str, library: str) -> np.ndarray:
 
 __all__ = ["FORMAT_NAMES", "FormatSpec", "FormatTable", "get_format", "round_to_format",
            "format_table", "nf4_levels", "library_decode", "library_encode", "NF4_OFFSET",
-           "make_float_format", "nonnegative_float_values"]
+           "make_float_format", "nonnegative_float_values", "explain_rounding"]

@@ -446,3 +446,15 @@ def test_value_grids_and_spacing():
     v, gap = spacing("fp8_e4m3")
     normal = v >= 2.0 ** -6
     assert np.all((gap[normal] / v[normal] <= 0.125) & (gap[normal] / v[normal] > 0.0625))
+
+
+def test_explain_rounding_shows_each_step():
+    text = formats.explain_rounding(0.001, "fp8_e4m3")
+    assert "raised to the smallest normal exponent -6" in text and "2^-9" in text
+    assert "stored value 0.001953125" in text
+    text = formats.explain_rounding(1000, "fp8_e4m3")
+    assert "overflow rule 'saturate' gives 448" in text
+    assert "ties to even: 8" in formats.explain_rounding(1.0625, "fp8_e4m3")
+    assert "level 11" in formats.explain_rounding(0.3, "nf4")
+    with pytest.raises(ValueError):
+        formats.explain_rounding(float("nan"), "int8")

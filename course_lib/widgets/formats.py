@@ -15,7 +15,7 @@ import html
 
 import numpy as np
 
-from course_lib.formats import FORMAT_NAMES, get_format
+from course_lib.formats import FORMAT_NAMES, explain_rounding, get_format
 
 FIELD_COLOURS = {"sign": "#d95f02", "exponent": "#1f77b4", "mantissa": "#2ca02c",
                  "integer": "#7f7f7f", "code": "#9467bd"}
@@ -67,8 +67,10 @@ def nearest_html(name: str, x: float) -> str:
         err_txt = f"{err:+.6g}{rel}"
     else:
         err_txt = "not a finite number: the format's overflow rule applied"
+    steps = html.escape(explain_rounding(x, name))
     return (f"{x:.10g} is stored as <b>{value:.10g}</b> "
-            f"(bits <code>{s.bit_string(code)}</code>); error {err_txt}")
+            f"(bits <code>{s.bit_string(code)}</code>); error {err_txt}"
+            f"<pre style='font-size:90%;line-height:1.25'>{steps}</pre>")
 
 
 def bit_explorer(format_name: str = "fp8_e4m3", value: float = 0.1):
