@@ -226,3 +226,13 @@ def test_floor_plot_has_a_line_per_model_and_panel():
     assert y_gpu == pytest.approx(42.1, abs=0.1)
     with pytest.raises(ValueError):
         plot_floor_vs_bits(["8B"], measured_gbps=0)
+
+
+def test_memory_bar_shows_overflow():
+    from course_lib.widgets.bill import memory_bar_html
+
+    ok = memory_bar_html(hw.plan("70B", "int4_g128", "H100"))
+    too_big = memory_bar_html(hw.plan("70B", "bf16", "H100"))
+    assert "weights: 36.4 GB" in ok and "title='free'" in ok and "border:1px solid #888888" in ok
+    assert "weights: 141.2 GB" in too_big and "title='free'" not in too_big
+    assert "border:1px solid #b3154f" in too_big

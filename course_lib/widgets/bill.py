@@ -21,6 +21,35 @@ KV_FORMATS = ["bf16", "fp8"]
 CONTEXTS = [1024, 2048, 4096, 8000, 8192, 16384, 32768, 65536, 131072]
 
 
+def memory_bar_html(p: hw.Plan, width_px: int = 420) -> str:
+    """One GPU's memory as a stacked bar: weights, workspace, KV cache, then what is left;
+    a red end when the replica needs more than the GPU has (lesson 00)."""
+    memory = hw.get_gpu(p.gpu).memory_gb
+    parts = [("weights", p.weights_gb / p.n_gpus, "#0f6b63"),
+             ("workspace", p.workspace_gb, "#9e9e9e"),
+             ("KV cache", p.kv_gb / p.n_gpus, "#e0a030")]
+    scale = max(memory, sum(gb for _, gb, _ in parts))
+    cells, used = [], 0.0
+    for name, gb, colour in parts:
+        shown = max(0.0, min(gb, scale - used))
+        used += shown
+        cells.append(f"<div title='{name}: {gb:,.1f} GB' style='width:{100 * shown / scale:.2f}%;"
+                     f"background:{colour}'></div>")
+    over = sum(gb for _, gb, _ in parts) > memory
+    if not over:
+        cells.append(f"<div title='free' style='width:{100 * (scale - used) / scale:.2f}%;"
+                     "background:#eeeeee'></div>")
+    usable_at = 100 * p.usable_gb_per_gpu / scale
+    border = "#b3154f" if over else "#888888"
+    return (f"<div style='position:relative;display:flex;width:{width_px}px;height:14px;"
+            f"border:1px solid {border}'>{''.join(cells)}<div title='usable limit' "
+            f"style='position:absolute;left:{usable_at:.2f}%;top:-3px;height:20px;"
+            "border-left:2px dashed #b3154f'></div></div>"
+            f"<small>one GPU ({memory:g} GB): <span style='color:#0f6b63'>weights</span>, "
+            "<span style='color:#9e9e9e'>workspace</span>, <span style='color:#e0a030'>KV "
+            "cache</span>; dashed line: usable limit</small>")
+
+
 def bill_html(p: hw.Plan) -> str:
     """The widget's readout for one ``Plan``, as an HTML table (lesson 00)."""
     if p.servable:
@@ -47,7 +76,7 @@ def bill_html(p: hw.Plan) -> str:
     body = "".join(f"<tr><td style='text-align:left;padding-right:1em'>{k}</td>"
                    f"<td style='text-align:left'>{v}</td></tr>" for k, v in rows)
     title = html.escape(f"{p.model} · {p.fmt} · {p.n_gpus} x {p.gpu}")
-    return f"<b>{title}</b><table>{body}</table>"
+    return f"<b>{title}</b>{memory_bar_html(p)}<table>{body}</table>"
 
 
 def bill_widget(model: str = "Llama 3.1 70B", fmt: str = "bf16", gpu: str = "H100 SXM",
@@ -124,4 +153,4 @@ def plot_floor_vs_bits(models=("Llama 3.1 8B", "Gemma 2 27B", "Llama 3.1 70B"),
     return fig
 
 
-__all__ = ["bill_widget", "bill_html", "plot_floor_vs_bits"]
+__all__ = ["bill_widget", "bill_html", "memory_bar_html", "plot_floor_vs_bits"]
