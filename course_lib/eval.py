@@ -1,0 +1,160 @@
+"""How much did quantization hurt? Held-out metrics on fixed tokens and windows (lesson 04).
+
+Every variant of a model is scored on *the same* token ids cut into *the same* windows:
+
+- :func:`bits_per_byte`: mean next-token cross-entropy in bits, per byte of text (for the
+  byte-level bundled model one token is one byte; pass ``bytes_per_token`` otherwise);
+- :func:`reference` + :func:`compare`: KL divergence KL(reference || variant) of the next-token
+  distributions (nats per token) and top-1 agreement (how often both pick the same next token);
+  these separate quantization methods far better than bits per byte does;
+- :func:`line_completion_accuracy`: a small task metric, greedy exact-match completion of the
+  second half of held-out code lines.
+
+Windows are non-overlapping: window i feeds tokens [i*W, (i+1)*W) and predicts [i*W+1, (i+1)*W+1).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def as_ids(text) -> torch.Tensor:
+    """bytes / str / list / tensor -> int64 ids (N,) (bytes and str are byte-level tokens)."""
+    if isinstance(text, str):
+        text = text.encode("utf-8")
+    if isinstance(text, (bytes, bytearray)):
+        return torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
+    ids = torch.as_tensor(text)
+    if ids.dim() != 1:
+        raise ValueError(f"expected a 1-D sequence of token ids; got shape {tuple(ids.shape)}")
+    return ids.long()
+
+
+def make_windows(ids, window: int) -> torch.Tensor:
+    """Cut ids (N,) into non-overlapping windows of ``window`` inputs + 1 target: (n, window+1)."""
+    ids = as_ids(ids)
+    if window < 1:
+        raise ValueError(f"window must be >= 1; got {window}")
+    n = (len(ids) - 1) // window
+    if n < 1:
+        raise ValueError(f"text of {len(ids)} tokens is shorter than the evaluation window "
+                         f"({window} + 1 tokens): use more text or a smaller window")
+    starts = torch.arange(n) * window                                        # (n,)
+    return ids[starts[:, None] + torch.arange(window + 1)[None, :]]          # (n, window+1)
+
+
+def _check_vocab(model, windows):
+    V = model.config.vocab_size if hasattr(model, "config") else None
+    if V is not None and (int(windows.min()) < 0 or int(windows.max()) >= V):
+        raise ValueError(f"token ids span [{int(windows.min())}, {int(windows.max())}] but the "
+                         f"model's vocabulary has {V} entries (valid 0..{V - 1})")
+
+
+@torch.no_grad()
+def logprobs(model, ids, window: int = 256, batch_size: int = 32) -> torch.Tensor:
+    """Next-token log-probabilities on every window position: (n * window, V) fp32."""
+    w = make_windows(ids, window)                                            # (n, W+1)
+    _check_vocab(model, w)
+    out = []
+    for i in range(0, len(w), batch_size):
+        logits = model(w[i:i + batch_size, :-1])                             # (b, W, V)
+        out.append(F.log_softmax(logits.float(), -1).flatten(0, 1))         # (b*W, V)
+    return torch.cat(out)
+
+
+def targets(ids, window: int = 256) -> torch.Tensor:
+    """The target token of every window position: (n * window,)."""
+    return make_windows(ids, window)[:, 1:].reshape(-1)
+
+
+def bits_per_byte(model, ids, window: int = 256, batch_size: int = 32,
+                  bytes_per_token: float = 1.0) -> float:
+    """Mean cross-entropy of the next token in bits, divided by bytes per token."""
+    lp = logprobs(model, ids, window, batch_size)                            # (N, V)
+    nll = -lp.gather(1, targets(ids, window)[:, None]).mean()                # nats / token
+    return float(nll) / math.log(2) / bytes_per_token
+
+
+@dataclass
+class Reference:
+    """The unquantized model's next-token log-probabilities on fixed windows."""
+    logprobs: torch.Tensor   # (N, V)
+    targets: torch.Tensor    # (N,)
+    ids: torch.Tensor
+    window: int
+    bytes_per_token: float = 1.0
+
+    @property
+    def bits_per_byte(self) -> float:
+        nll = -self.logprobs.gather(1, self.targets[:, None]).mean()
+        return float(nll) / math.log(2) / self.bytes_per_token
+
+
+def reference(model, ids, window: int = 256, batch_size: int = 32,
+              bytes_per_token: float = 1.0) -> Reference:
+    """Score the reference (unquantized fp32) model once; :func:`compare` reuses it."""
+    ids = as_ids(ids)
+    return Reference(logprobs(model, ids, window, batch_size), targets(ids, window), ids, window,
+                     bytes_per_token)
+
+
+def kl_and_top1(ref_lp: torch.Tensor, lp: torch.Tensor) -> tuple[float, float]:
+    """Mean KL(ref || variant) in nats per token and top-1 agreement, from log-probs (N, V)."""
+    if ref_lp.shape != lp.shape:
+        raise ValueError(f"log-prob shapes differ: {tuple(ref_lp.shape)} vs {tuple(lp.shape)}")
+    kl = (ref_lp.exp() * (ref_lp - lp)).sum(-1).mean()                      # nats / token
+    top1 = (ref_lp.argmax(-1) == lp.argmax(-1)).float().mean()
+    return float(kl), float(top1)
+
+
+def compare(model, ref: Reference, batch_size: int = 32) -> dict:
+    """Bits per byte, KL vs the reference and top-1 agreement of ``model`` on ref's windows."""
+    lp = logprobs(model, ref.ids, ref.window, batch_size)                    # (N, V)
+    nll = -lp.gather(1, ref.targets[:, None]).mean()
+    kl, top1 = kl_and_top1(ref.logprobs, lp)
+    return {"bits_per_byte": float(nll) / math.log(2) / ref.bytes_per_token,
+            "kl_nats": kl, "top1_agreement": top1}
+
+
+# ----------------------------------------------------------------------------- task metric
+def completion_cases(text: bytes, n_lines: int = 64, prompt_bytes: int = 128,
+                     min_line: int = 24, max_target: int = 24, seed: int = 0):
+    """Pick code lines from ``text``: prompt = the ``prompt_bytes`` bytes before the middle of the
+    line, target = the rest of the line (at most ``max_target`` bytes). Fixed by ``seed``."""
+    if isinstance(text, str):
+        text = text.encode("utf-8")
+    cands, pos = [], 0
+    for line in text.split(b"\n"):
+        stripped = line.strip()
+        if len(stripped) >= min_line and not stripped.startswith(b"#"):
+            cut = pos + (len(line) - len(stripped)) + len(stripped) // 2  # middle of the code
+            end = pos + len(line)
+            if cut >= prompt_bytes:
+                cands.append((cut, min(end, cut + max_target)))
+        pos += len(line) + 1
+    if not cands:
+        raise ValueError("no code line long enough for the completion task in this text")
+    g = torch.Generator().manual_seed(seed)
+    pick = torch.randperm(len(cands), generator=g)[:n_lines].sort().values
+    return [(text[cands[i][0] - prompt_bytes:cands[i][0]], text[cands[i][0]:cands[i][1]])
+            for i in pick.tolist()]
+
+
+@torch.no_grad()
+def line_completion_accuracy(model, text: bytes, n_lines: int = 64, prompt_bytes: int = 128,
+                             seed: int = 0) -> float:
+    """Fraction of held-out code lines whose second half the model completes exactly (greedy).
+
+    Byte-level models only (the bundled model). All prompts have the same length, so they run
+    as one batch with the KV cache.
+    """
+    from course_lib.model import generate
+    cases = completion_cases(text, n_lines, prompt_bytes, seed=seed)
+    prompts = torch.stack([as_ids(p) for p, _ in cases])                    # (n, P)
+    longest = max(len(t) for _, t in cases)
+    out = generate(model, prompts, longest)[:, prompt_bytes:]              # (n, longest)
+    hits = [bytes(out[i, :len(t)].tolist()) == t for i, (_, t) in enumerate(cases)]
+    return sum(hits) / len(hits)

@@ -1,0 +1,224 @@
+"""Quantize a whole model: swap its ``nn.Linear`` layers for quantized ones (lesson 04).
+
+Two kinds of replacement, both with a one-line ``forward``:
+
+- :class:`FakeQuantLinear` (``mode="fake"``): the weight is rounded to the grid and stored back
+  in float (``quant.fake_quantize``). Same speed and memory as before; exactly the numbers a
+  real low-bit kernel would compute with. Use it for accuracy studies.
+- :class:`PackedLinear` (``mode="packed"``): the weight is stored as integer codes (INT8 as int8,
+  4 bits and fewer as two codes per byte via ``quant.pack_int4``) plus fp16 scales (and zero
+  points), and dequantized on the fly. Its buffers really are smaller: use it for memory.
+
+:func:`quantize_model` works on any torch model built from ``nn.Linear`` (the course's
+:class:`~course_lib.model.LlamaModel`, a ``transformers`` model, your own MLP). Layers whose name
+contains an entry of ``skip`` are left alone (by default the output head; embeddings are not
+``nn.Linear`` and stay in 16-bit too). The :class:`QuantReport` counts bytes before and after.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from course_lib import quant
+
+DEFAULT_SKIP = ("lm_head", "embed_tokens")
+MODES = ("fake", "packed")
+
+
+def _bits(fmt: str) -> int:
+    digits = "".join(ch for ch in fmt if ch.isdigit())
+    if not fmt.startswith(("int", "uint")) or not digits:
+        raise ValueError(f"model-level quantization supports integer formats int2..int8 and "
+                         f"uint2..uint8; got {fmt!r}")
+    bits = int(digits)
+    if not 2 <= bits <= 8:
+        raise ValueError(f"bits must be 2..8; got {fmt!r}")
+    return bits
+
+
+def stored_bytes(shape, fmt: str, granularity: str, group_size: int | None,
+                 symmetric: bool = True, scale_bytes: int = 2) -> int:
+    """Bytes a quantized (out, in) weight occupies at its nominal bit width: codes + scales
+    (+ one zero point byte per scale when asymmetric)."""
+    out_f, in_f = shape
+    bits = _bits(fmt)
+    n_scales = {"per_tensor": 1, "per_channel": out_f, "per_token": out_f}.get(
+        granularity, out_f * (in_f // (group_size or 128)))
+    zero = 0 if symmetric and not fmt.startswith("uint") else n_scales
+    return (out_f * in_f * bits + 7) // 8 + n_scales * scale_bytes + zero
+
+
+class FakeQuantLinear(nn.Module):
+    """A Linear whose weight has been rounded to a low-bit grid and kept in float (lesson 04)."""
+
+    def __init__(self, linear: nn.Linear, fmt="int4", granularity="per_group", group_size=128,
+                 symmetric=True):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.fmt, self.granularity, self.group_size, self.symmetric = \
+            fmt, granularity, group_size, symmetric
+        w = linear.weight.detach()                                          # (out, in)
+        self.weight = nn.Parameter(quant.fake_quantize(w, fmt, granularity, group_size, symmetric),
+                                   requires_grad=False)                     # (out, in), w's dtype
+        self.bias = linear.bias
+
+    def forward(self, x):                                                   # (..., in) -> (..., out)
+        return F.linear(x, self.weight, self.bias)
+
+    def nbytes(self) -> int:
+        return stored_bytes(self.weight.shape, self.fmt, self.granularity, self.group_size,
+                            self.symmetric) + (0 if self.bias is None else 2 * self.bias.numel())
+
+    def extra_repr(self):
+        g = f", group_size={self.group_size}" if self.granularity == "per_group" else ""
+        return f"{self.in_features}, {self.out_features}, {self.fmt}, {self.granularity}{g}"
+
+
+class PackedLinear(nn.Module):
+    """A Linear stored as integer codes + fp16 scales, dequantized in ``forward`` (lesson 04).
+
+    Buffers: ``codes`` int8 (out, in) for 5-8 bits, or uint8 (out, in/2) two per byte for
+    2-4 bits; ``scale`` fp16 (out, n_groups); ``zero`` uint8 (out, n_groups) when asymmetric.
+    """
+
+    def __init__(self, linear: nn.Linear, fmt="int4", granularity="per_group", group_size=128,
+                 symmetric=True):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.fmt, self.granularity, self.symmetric = fmt, granularity, symmetric
+        self.bits = _bits(fmt)
+        w = linear.weight.detach().float()                                  # (out, in)
+        qt = quant.quantize(w, fmt, granularity, group_size if granularity == "per_group" else None,
+                            symmetric)
+        self.group_size = qt.group_size
+        self.nibbles = self.bits <= 4
+        if self.nibbles and self.in_features % 2:
+            raise ValueError(f"packing {fmt} two codes per byte needs an even in_features; "
+                             f"got {self.in_features} (use mode='fake' for this layer)")
+        codes = quant.pack_int4(qt.q) if self.nibbles else qt.q            # (out, in/2) or (out, in)
+        self.register_buffer("codes", codes)
+        self.register_buffer("scale", qt.scale.reshape(self.out_features, -1).half())  # (out, G)
+        zero = None if qt.zero is None else qt.zero.reshape(self.out_features, -1).to(torch.uint8)
+        self.register_buffer("zero", zero)
+        self.unsigned = qt.q.dtype == torch.uint8
+        self.bias = linear.bias
+        self.out_dtype = linear.weight.dtype
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """codes -> (out, in) weight in the original dtype."""
+        q = quant.unpack_int4(self.codes, signed=not self.unsigned) if self.nibbles else self.codes
+        q = q.float().view(self.out_features, -1, self.group_size)          # (out, G, gs)
+        if self.zero is not None:
+            q = q - self.zero.float()[..., None]
+        w = q * self.scale.float()[..., None]                               # (out, G, gs)
+        return w.reshape(self.out_features, self.in_features).to(self.out_dtype)
+
+    def forward(self, x):                                                   # (..., in) -> (..., out)
+        return F.linear(x, self.dequantized_weight(), self.bias)
+
+    def nbytes(self) -> int:
+        """Bytes actually held by this module's buffers (and bias)."""
+        n = sum(b.numel() * b.element_size() for b in self.buffers())
+        return n + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+
+    def extra_repr(self):
+        return (f"{self.in_features}, {self.out_features}, {self.fmt}, {self.granularity}, "
+                f"group_size={self.group_size}, codes={tuple(self.codes.shape)} "
+                f"{str(self.codes.dtype).replace('torch.', '')}")
+
+
+@dataclass
+class QuantReport:
+    """What :func:`quantize_model` changed and how many bytes the weights take before/after."""
+    fmt: str
+    granularity: str
+    group_size: int | None
+    mode: str
+    quantized: list = field(default_factory=list)    # (name, (out, in)) of replaced Linears
+    skipped: list = field(default_factory=list)      # names of Linears left alone
+    bytes_before: int = 0                            # every parameter at 16 bits
+    bytes_after: int = 0
+
+    @property
+    def ratio(self) -> float:
+        return self.bytes_before / max(1, self.bytes_after)
+
+    def __str__(self):
+        g = f" g{self.group_size}" if self.granularity == "per_group" else ""
+        return (f"{self.fmt} {self.granularity}{g} ({self.mode}): {len(self.quantized)} Linear "
+                f"layers quantized, {len(self.skipped)} skipped {self.skipped}; weights "
+                f"{self.bytes_before / 2**20:.2f} MiB -> {self.bytes_after / 2**20:.2f} MiB "
+                f"({self.ratio:.2f}x smaller)")
+
+
+def _unique_params(model: nn.Module):
+    return {id(p): p for p in model.parameters()}.values()
+
+
+def model_bytes(model: nn.Module, bits: int = 16) -> int:
+    """Bytes of every parameter at ``bits`` per value (16: the bf16/fp16 checkpoint)."""
+    return sum(p.numel() for p in _unique_params(model)) * bits // 8
+
+
+def quantize_model(model: nn.Module, fmt: str = "int4", granularity: str = "per_group",
+                   group_size: int | None = 128, symmetric: bool = True, mode: str = "fake",
+                   skip=DEFAULT_SKIP, only=None, inplace: bool = False):
+    """Replace ``model``'s Linear layers by quantized ones; returns ``(model, QuantReport)``.
+
+    skip: names containing any of these strings stay as they are (default: the output head;
+    pass ``skip=()`` to quantize it too). only: if given, quantize only layers whose name
+    contains one of these strings (layer sensitivity studies). A copy is quantized unless
+    ``inplace``. Taught in lesson 04.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    _bits(fmt)
+    if isinstance(skip, str) or isinstance(only, str):
+        raise TypeError("skip and only take a list of name fragments, e.g. skip=['lm_head']")
+    if granularity != "per_group":
+        group_size = None
+    if not inplace:
+        model = copy.deepcopy(model)
+    report = QuantReport(fmt, granularity, group_size, mode)
+    before_params = model_bytes(model)
+    cls = FakeQuantLinear if mode == "fake" else PackedLinear
+    targets = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not targets:
+        raise ValueError("this model has no nn.Linear layers to quantize")
+    saved = 0
+    for name, lin in targets:
+        if any(s in name for s in skip) or (only is not None and not any(o in name for o in only)):
+            report.skipped.append(name)
+            continue
+        try:
+            new = cls(lin, fmt, granularity, group_size, symmetric)
+        except ValueError as e:
+            raise ValueError(f"layer {name!r} (weight {tuple(lin.weight.shape)}): {e}") from None
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, new)
+        report.quantized.append((name, tuple(lin.weight.shape)))
+        saved += lin.weight.numel() * 2 - (new.nbytes() - (0 if lin.bias is None else
+                                                           2 * lin.bias.numel()))
+    if only is not None and not report.quantized:
+        raise ValueError(f"no Linear layer name contains any of {list(only)}; names look like "
+                         f"{[n for n, _ in targets[:4]]}")
+    report.bytes_before = before_params
+    report.bytes_after = before_params - saved
+    return model, report
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    """Names of every nn.Linear (or quantized replacement) in ``model``."""
+    kinds = (nn.Linear, FakeQuantLinear, PackedLinear)
+    return [n for n, m in model.named_modules() if isinstance(m, kinds)]
+
+
+def buffer_bytes(model: nn.Module) -> int:
+    """Bytes actually held in memory by parameters and buffers (for ``mode='packed'``)."""
+    ps = sum(p.numel() * p.element_size() for p in _unique_params(model))
+    return ps + sum(b.numel() * b.element_size() for b in model.buffers())

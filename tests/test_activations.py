@@ -1,0 +1,69 @@
+"""course_lib.activations: hooks on Linear inputs, per-channel stats, outlier detection, plots."""
+import matplotlib
+import pytest
+import torch
+import torch.nn as nn
+
+from course_lib import activations as A
+from course_lib.model import LlamaModel, ModelConfig
+
+matplotlib.use("Agg")
+
+
+def test_captures_exactly_the_linear_inputs_and_removes_hooks():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    x = torch.randn(2, 5, 8)
+
+    class Wrap(nn.Module):          # capture takes ids (B, T); feed a float batch the same way
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, ids):
+            return self.net(ids)
+
+    acts = A.capture_linear_inputs(Wrap(), x, batch_size=1)
+    assert set(acts) == {"net.0", "net.2"}
+    assert torch.equal(acts["net.0"], x.reshape(10, 8))
+    assert torch.allclose(acts["net.2"], torch.relu(net[0](x)).reshape(10, 16))
+    assert not net[0]._forward_pre_hooks and not net[2]._forward_pre_hooks
+
+
+def test_llama_capture_shapes_and_name_errors():
+    m = LlamaModel(ModelConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, intermediate_size=48)).init_weights().eval()
+    ids = torch.randint(0, 256, (3, 10))
+    acts = A.capture_linear_inputs(m, ids)
+    assert len(acts) == 15                               # 2 x 7 block Linears + lm_head
+    assert acts["model.layers.1.mlp.down_proj"].shape == (30, 48)
+    assert torch.equal(acts["model.layers.0.self_attn.q_proj"],
+                       acts["model.layers.0.self_attn.k_proj"])   # same normed input
+    only = A.capture_linear_inputs(m, ids, names=["lm_head"])
+    assert list(only) == ["lm_head"]
+    with pytest.raises(ValueError, match="no Linear named"):
+        A.capture_linear_inputs(m, ids, names=["model.layers.9.mlp"])
+
+
+def test_stats_and_outlier_detection_find_planted_channels():
+    torch.manual_seed(0)
+    x = torch.randn(200, 64)
+    x[:, [3, 40]] *= 30                                  # two outlier channels
+    stats = A.channel_stats({"layer": x})
+    s = stats["layer"]
+    assert torch.allclose(s["absmax"], x.abs().amax(0))
+    assert torch.allclose(s["rms"], x.pow(2).mean(0).sqrt())
+    assert A.outlier_channels(s["absmax"], 5.0).tolist() == [3, 40]
+    row = A.outlier_table(stats)[0]
+    assert row["n_outliers"] == 2 and row["max_over_median"] > 10 and row["channels"] == 64
+    with pytest.raises(ValueError, match="positive"):
+        A.outlier_channels(s["absmax"], 0)
+
+
+def test_plots_draw():
+    x = torch.randn(50, 16).abs()
+    stats = A.channel_stats({"a": x, "b": 2 * x})
+    ax = A.plot_channel_max(stats)
+    assert len(ax.lines) == 4                            # two curves, two thresholds
+    ax2 = A.plot_heatmap(x)
+    assert ax2.images[0].get_array().shape == (50, 16)
