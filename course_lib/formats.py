@@ -33,8 +33,8 @@ Overflow rules, chosen per format and matched to torch where torch has the forma
 - e8m0: a value that rounds past 2^127 (and inf) becomes NaN (0xFF), as in torch and ml_dtypes.
   There is no zero: 0 and values under 2^-127 round to the smallest scale 2^-127 (torch does the
   same). There is no sign: a negative number raises ``ValueError``.
-- int8, int4, uint4: round to the nearest integer (ties to even) and saturate to the range;
-  inf saturates. NaN raises ``ValueError``.
+- int8, int4, uint4: round to the nearest integer (ties to even) and saturate to the range
+  (uint4 takes negative numbers to 0); inf saturates. NaN raises ``ValueError``.
 - nf4: values outside [-1, 1] saturate to +-1 (scale your block first); NaN raises ``ValueError``.
 
 Known differences from the libraries (pinned by ``tests/test_formats.py``):
@@ -295,7 +295,8 @@ class FormatSpec:
         """Values -> bit patterns (``code_dtype`` array of x's shape); round to nearest even.
 
         Follows the format's overflow rule (see the module docstring); raises ``ValueError``
-        for NaN where the format has no NaN, and for negative numbers in unsigned formats.
+        for NaN where the format has no NaN, and for negative numbers in E8M0 (which has no
+        sign bit; UINT4 saturates them to 0 like any out-of-range integer).
         """
         x = _as_float64(x)
         nan = np.isnan(x)
@@ -345,16 +346,13 @@ class FormatSpec:
         a = np.abs(np.where(nan, 0.0, x))
         finite = np.isfinite(a)
         r = self._round_magnitude(np.where(finite, a, 0.0))
-        over = ~finite | (r > self.max_value)
-        as_inf = np.zeros(x.shape, bool)
-        as_nan = nan.copy()
-        if self.overflow == "inf":
-            as_inf = over
-        elif self.overflow == "saturate":
-            r = np.where(over, self.max_value, r)
-        else:  # "nan"
-            as_nan |= over
-        r = np.where(over & ~(self.overflow == "saturate"), 0.0, r)
+        over = ~finite | (r > self.max_value)                  # the overflow rule applies
+        as_inf = over if self.overflow == "inf" else np.zeros(x.shape, bool)
+        as_nan = nan | over if self.overflow == "nan" else nan
+        if self.overflow == "saturate":
+            r = np.where(over, self.max_value, r)              # clamp to the largest value
+        else:
+            r = np.where(over, 0.0, r)                         # placeholder, replaced below
         bits = self._pack_finite(r)
         mbits, e_all = self.mantissa_bits, (1 << self.exponent_bits) - 1
         if self.has_inf:
