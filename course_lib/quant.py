@@ -230,25 +230,30 @@ def absmax_quantize(x, bits: int = 8):
     return qt.q, float(s)
 
 
+def _minmax_params(lo, hi, bits: int):
+    """Vectorised scale and zero point for ranges lo..hi (numpy or torch), see ``zero_point``."""
+    levels = 2 ** bits - 1
+    lo, hi = _clip(lo, None, 0.0), _clip(hi, 0.0, None)  # widen each range to include 0
+    scale = (hi - lo) / levels
+    scale = _where(scale == 0, scale * 0 + 1, scale)  # empty range: scale 1, zero 0
+    zero = _clip(_round(-lo / scale), 0, levels)
+    return scale, zero
+
+
 def zero_point(x_min: float, x_max: float, bits: int = 4):
     """Asymmetric (min-max) quantization parameters: returns (scale, zero) (lesson 02).
 
-    The range is first widened to include 0 (so 0 is stored exactly), then spread over the
-    2**bits levels 0..2**bits-1: scale = (x_max - x_min) / (2**bits - 1),
-    zero = round(-x_min / scale). Example: -0.4..1.1 in INT4 -> scale 0.1, zero 4.
-    A range of width 0 gets scale 1.0 and zero 0.
+    The range is first widened to include 0 (lo = min(x_min, 0), hi = max(x_max, 0), so 0 is
+    stored exactly), then spread over the 2**bits levels 0..2**bits-1:
+    scale = (hi - lo) / (2**bits - 1), zero = round(-lo / scale), clamped to 0..2**bits-1.
+    Example: -0.4..1.1 in INT4 -> scale 0.1, zero 4. An empty range gets (1.0, 0).
     """
     if not (math.isfinite(x_min) and math.isfinite(x_max)):
         raise ValueError(f"zero_point needs a finite range, got {x_min}..{x_max}")
     if x_min > x_max:
         raise ValueError(f"x_min {x_min} is larger than x_max {x_max}: swap them")
-    lo, hi = min(float(x_min), 0.0), max(float(x_max), 0.0)
-    levels = 2 ** bits - 1
-    scale = (hi - lo) / levels
-    if scale == 0.0:
-        return 1.0, 0
-    zero = int(min(max(round(-lo / scale), 0), levels))
-    return scale, zero
+    scale, zero = _minmax_params(np.float64(x_min), np.float64(x_max), bits)
+    return float(scale), int(zero)
 
 
 # ---------------------------------------------------------------- QTensor and quantize
@@ -329,6 +334,8 @@ def quantize(x, fmt: str = "int8", granularity: str = "per_channel", group_size=
     x = _as_array(x)
     kind, bits, unsigned = _parse_format(fmt)
     _check_finite(x)
+    if _size(x) == 0:
+        raise ValueError(f"nothing to quantize: x has shape {tuple(x.shape)}")
     gs = _group_size_for(tuple(x.shape), granularity, group_size)
     xf = _work_float(x)
     xg = _grouped(xf, gs, granularity)  # (..., n_groups, gs)
@@ -339,11 +346,7 @@ def quantize(x, fmt: str = "int8", granularity: str = "per_channel", group_size=
                          f"(use symmetric=True, or an integer format such as uint4)")
     if kind == "int" and asym:
         levels = 2 ** bits - 1
-        lo = _clip(_amin_raw(xg), None, 0.0)  # (..., n_groups, 1), widened to include 0
-        hi = _clip(_amax_raw(xg), 0.0, None)  # (..., n_groups, 1)
-        scale = (hi - lo) / levels  # (..., n_groups, 1)
-        scale = _where(scale == 0, scale * 0 + 1, scale)
-        z = _clip(_round(-lo / scale), 0, levels)
+        scale, z = _minmax_params(_amin_raw(xg), _amax_raw(xg), bits)  # (..., n_groups, 1)
         q = _clip(_round(xg / scale) + z, 0, levels)
         q, zero = _cast(q, "uint8"), _cast(z[..., 0], "int32")
     else:

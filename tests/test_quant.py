@@ -258,6 +258,13 @@ def test_group_size_error_suggests_divisors():
     assert Q.divisors(12) == [1, 2, 3, 4, 6, 12]
 
 
+def test_empty_and_0d_inputs():
+    with pytest.raises(ValueError, match="nothing to quantize"):
+        Q.quantize(np.zeros((3, 0)), "int8")
+    with pytest.raises(ValueError, match="0-d"):
+        Q.quantize(np.float64(1.0), "int8", "per_tensor")
+
+
 def test_zero_point_on_float_format_is_an_error():
     with pytest.raises(ValueError, match="integer formats"):
         Q.quantize(EX_A, "fp8_e4m3", "per_tensor", symmetric=False)
