@@ -7,6 +7,7 @@ Modules (each imported on demand, so `import course_lib` stays cheap):
 - ``compare``  one comparison helper: exact / allclose / max abs diff / SQNR
 - ``checks``   self-checking exercises: ``check(exercise_id, fn)``
 - ``hardware`` catalogue of GPUs and models; memory and decode-floor calculators (lesson 00)
+- ``bandwidth`` this machine's measured copy bandwidth (lessons 00, 10)
 - ``formats``  number formats bit by bit (lesson 01)
 - ``quant``    quantizers, block formats, packing, error metrics (lessons 02-03)
 - ``model``, ``eval``, ``activations``, ``qmodel`` the bundled model and its tooling (lesson 04)

@@ -25,7 +25,8 @@ def script_to_notebook(text: str) -> dict:
         body = "\n".join(lines).strip("\n")
         if kind == "markdown":
             body = "\n".join(l[2:] if l.startswith("# ") else l.lstrip("#") for l in body.split("\n"))
-        cell = {"cell_type": kind, "metadata": {}, "source": body.splitlines(keepends=True)}
+        cell = {"cell_type": kind, "id": f"c{len(cells):03d}", "metadata": {},
+                "source": body.splitlines(keepends=True)}
         if kind == "code":
             cell.update(outputs=[], execution_count=None)
         cells.append(cell)
