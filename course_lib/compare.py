@@ -107,15 +107,17 @@ def cmp(name: str, expected, actual, rtol: float = 1e-5, atol: float = 1e-8,
         return Comparison(name, False, False, math.inf, -math.inf,
                           f"got NaN at {int(bad_nan.sum())} of {a.size} positions "
                           f"(first at flat index {int(np.argmax(bad_nan))})")
-    same = (e == a) | (np.isnan(e) & np.isnan(a))
+    same = (e == a) | (np.isnan(e) & np.isnan(a))  # equal infinities count as the same
     exact = bool(same.all())
     finite = np.isfinite(e) & np.isfinite(a)
-    diff = np.abs(e - a)[finite]
-    max_diff = float(diff.max()) if diff.size else 0.0
-    close = bool(np.all(same | (finite & (np.abs(e - a) <= atol + rtol * np.abs(e)))))
+    with np.errstate(invalid="ignore"):  # inf - inf is NaN; those positions are in `same`
+        diff = np.abs(e - a)
+    ok = same | (finite & (diff <= atol + rtol * np.abs(e)))
+    max_diff = float(diff[finite].max()) if finite.any() else 0.0
+    close = bool(ok.all())
     result = Comparison(name, exact, close, max_diff, sqnr_db(e[finite], a[finite]))
     if not close:
-        idx = int(np.argmax(~(same | (finite & (np.abs(e - a) <= atol + rtol * np.abs(e))))))
+        idx = int(np.argmax(~ok))
         result.problem = (f"values differ: max abs diff {max_diff:.4g}; first mismatch at flat "
                           f"index {idx}: expected {e[idx]:.6g}, got {a[idx]:.6g}")
     if verbose:

@@ -109,3 +109,12 @@ def test_strict_modes(toy, monkeypatch):
 def test_unknown_exercise_lists_known_ones():
     with pytest.raises(KeyError, match="known:"):
         check("no.such.exercise", _double)
+
+
+def test_cmp_handles_infinities_and_mismatches():
+    from course_lib.compare import cmp
+    assert cmp("x", np.array([np.inf, 1.0]), np.array([np.inf, 1.0])).exact
+    bad = cmp("x", np.array([np.inf, 1.0]), np.array([-np.inf, 1.0]))
+    assert not bad and "flat index 0" in bad.problem
+    assert not cmp("x", np.array([1.0, 2.0]), np.array([1.0, 2.1]))
+    assert cmp("x", np.array([1.0, 2.0]), np.array([1.0, 2.0 + 1e-9]))
