@@ -1,0 +1,200 @@
+"""Timing, achieved bandwidth and FLOP rate, arithmetic intensity and the roofline (lessons 09-10).
+
+- ``time_gpu``: ``triton.testing.do_bench`` (L2 cache flushed before every run), median ms.
+- ``time_cpu`` / ``compare_cpu``: warm-up, then the median of repeats; ``compare_cpu``
+  interleaves the candidates (A B C, B C A, ...) so a slow moment of the machine hits all
+  of them alike instead of one.
+- ``linear_flops``, ``linear_bytes``, ``arithmetic_intensity``: what a linear layer
+  y = x W^T with x (M, K) and W (N, K) computes and must move, for a weight format.
+- ``roofline_tflops``, ``ridge_point``, ``plot_roofline``: attainable FLOP rate
+  min(peak, intensity x bandwidth), with measured points on top.
+
+Bandwidth comes from ``course_lib.bandwidth.measure_copy_bandwidth`` and peaks from the GPU
+catalogue ``course_lib.hardware`` (neither is duplicated here).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+# Bits per stored weight of each weight format a benchmark row can name (scales counted
+# separately by ``linear_bytes``).
+WEIGHT_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "fp8": 8, "int4": 4}
+
+
+# ---------------------------------------------------------------------------- timing
+
+def time_gpu(fn: Callable[[], object], warmup_ms: int = 25, rep_ms: int = 100) -> float:
+    """Median milliseconds of ``fn()`` on a CUDA GPU (lesson 10).
+
+    Uses ``triton.testing.do_bench``, which clears the L2 cache before each run, so a
+    weight that fits in L2 is still read from memory as in a real model's decode step.
+    """
+    from course_lib.device import ensure_triton_mode, require_gpu
+
+    require_gpu("course_lib.bench.time_gpu")
+    ensure_triton_mode()
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def _check_counts(warmup: int, repeats: int) -> None:
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be a whole number >= 0, got {warmup!r}")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a whole number >= 1, got {repeats!r}")
+
+
+def time_cpu(fn: Callable[[], object], warmup: int = 2, repeats: int = 7) -> float:
+    """Median milliseconds of ``fn()`` on the CPU after ``warmup`` untimed calls (lesson 10)."""
+    return statistics.median(compare_cpu({"fn": fn}, warmup, repeats)["fn"])
+
+
+def compare_cpu(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: int = 7,
+                budget_s: float | None = None) -> dict[str, list[float]]:
+    """Time several functions A/B-interleaved on the CPU: {name: [ms per repeat]} (lesson 10).
+
+    Each round calls every function once, starting from a different one each round. With
+    ``budget_s``, rounds stop early (after at least 3) once the budget is spent.
+    """
+    _check_counts(warmup, repeats)
+    if not fns:
+        raise ValueError("give at least one function to time")
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    start = time.perf_counter()
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            t0 = time.perf_counter()
+            fns[name]()
+            samples[name].append((time.perf_counter() - t0) * 1e3)
+        if budget_s is not None and r >= 2 and time.perf_counter() - start > budget_s:
+            break
+    return samples
+
+
+def median_ms(samples: list[float]) -> float:
+    """The median of a list of timings."""
+    return float(statistics.median(samples))
+
+
+# ---------------------------------------------------------------------------- counting
+
+def linear_flops(M: int, N: int, K: int) -> float:
+    """FLOPs of y = x W^T with x (M, K), W (N, K): one multiply and one add per term (lesson 09)."""
+    return 2.0 * M * N * K
+
+
+def linear_bytes(M: int, N: int, K: int, weight_bits: float = 16, act_bytes: float = 2,
+                 out_bytes: float = 2, group_size: int | None = None,
+                 scale_bytes: float = 2) -> float:
+    """Bytes a linear layer must move at least once: weights, their scales, x and y (lesson 09).
+
+    ``group_size``: one scale of ``scale_bytes`` per that many weights (None: no scales).
+    Per-channel scales are ``group_size=K``.
+    """
+    for name, v in (("M", M), ("N", N), ("K", K)):
+        if int(v) != v or v < 1:
+            raise ValueError(f"{name} must be a positive whole number, got {v!r}")
+    if weight_bits <= 0:
+        raise ValueError(f"weight_bits must be positive, got {weight_bits}")
+    weights = N * K * weight_bits / 8
+    scales = 0.0 if group_size is None else N * (K / group_size) * scale_bytes
+    return weights + scales + M * K * act_bytes + M * N * out_bytes
+
+
+def arithmetic_intensity(M: int, N: int, K: int, weight_bits: float = 16, act_bytes: float = 2,
+                         out_bytes: float = 2, group_size: int | None = None,
+                         scale_bytes: float = 2) -> float:
+    """FLOPs per byte moved for a linear layer (lesson 09): ``linear_flops / linear_bytes``.
+
+    Batch 1 in BF16 is about 1 FLOP/byte; an H100 needs about 295 to keep its tensor cores
+    busy, so decode is memory-bound and fewer bytes per weight is a direct speed-up.
+    """
+    return linear_flops(M, N, K) / linear_bytes(M, N, K, weight_bits, act_bytes, out_bytes,
+                                                group_size, scale_bytes)
+
+
+def achieved_gbps(n_bytes: float, ms: float) -> float:
+    """Bytes moved per second, in GB/s (1e9 bytes), for a kernel that took ``ms``."""
+    return n_bytes / (ms * 1e-3) / 1e9
+
+
+def achieved_tflops(flops: float, ms: float) -> float:
+    """FLOP rate in TFLOP/s for ``flops`` done in ``ms``."""
+    return flops / (ms * 1e-3) / 1e12
+
+
+# ---------------------------------------------------------------------------- roofline
+
+def ridge_point(peak_tflops: float, bandwidth_gbps: float) -> float:
+    """Intensity (FLOP/byte) where the roofline turns: peak / bandwidth (lesson 09)."""
+    return peak_tflops * 1e12 / (bandwidth_gbps * 1e9)
+
+
+def roofline_tflops(intensity: float, peak_tflops: float, bandwidth_gbps: float) -> float:
+    """Attainable TFLOP/s at this intensity: min(peak, intensity x bandwidth) (lesson 09)."""
+    return min(peak_tflops, intensity * bandwidth_gbps * 1e9 / 1e12)
+
+
+def catalogue_gpu(device_name: str, memory_gb: float | None = None):
+    """The ``course_lib.hardware`` catalogue entry for a CUDA device name, or None.
+
+    torch reports names such as "NVIDIA H100 80GB HBM3" or "NVIDIA A100-SXM4-40GB"; we map
+    them onto the catalogue's names (lesson 10).
+    """
+    from course_lib import hardware
+
+    n = device_name.upper().replace("-", " ")
+    table = [("H200", "H200"), ("H100 PCIE", "H100 PCIe"), ("H100 NVL", "H100 NVL"),
+             ("H100", "H100 SXM"), ("L40S", "L40S"), ("4090", "RTX 4090"), ("B200", "B200"),
+             ("MI300X", "MI300X")]
+    for key, name in table:
+        if key in n and name in hardware.GPUS:
+            return hardware.GPUS[name]
+    if "A100" in n:
+        small = "40GB" in n.replace(" ", "") or (memory_gb is not None and memory_gb < 60)
+        return hardware.GPUS.get("A100 40GB" if small else "A100 80GB")
+    return None
+
+
+def plot_roofline(points, bandwidth_gbps: float, peak_tflops: float | None = None,
+                  peak_label: str = "peak", ax=None, title: str = "Roofline"):
+    """Log-log roofline: the bandwidth slope, the compute roof, and measured points.
+
+    points: iterable of (label, intensity FLOP/byte, achieved TFLOP/s). Returns the axes.
+    Without ``peak_tflops`` only the bandwidth slope is drawn (a CPU run: no catalogue).
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    points = list(points)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4.5))
+    xs = [p[1] for p in points] or [1.0]
+    lo = min(0.25, min(xs) / 2)
+    hi = max(4 * max(xs), 2 * ridge_point(peak_tflops, bandwidth_gbps) if peak_tflops else 1e3)
+    grid = np.logspace(np.log10(lo), np.log10(hi), 200)
+    slope = grid * bandwidth_gbps * 1e9 / 1e12
+    ax.loglog(grid, slope if peak_tflops is None else np.minimum(slope, peak_tflops), "k-",
+              label=f"measured copy bandwidth {bandwidth_gbps:.0f} GB/s")
+    if peak_tflops:
+        ax.axhline(peak_tflops, color="grey", ls=":", label=f"{peak_label} {peak_tflops:g} TFLOP/s")
+    for label, x, y in points:
+        ax.loglog([x], [y], "o", label=label)
+    ax.set_xlabel("arithmetic intensity (FLOP per byte)")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(True, which="both", alpha=0.3)
+    return ax
+
+
+__all__ = ["time_gpu", "time_cpu", "compare_cpu", "median_ms", "linear_flops", "linear_bytes",
+           "arithmetic_intensity", "achieved_gbps", "achieved_tflops", "ridge_point",
+           "roofline_tflops", "catalogue_gpu", "plot_roofline", "WEIGHT_BITS"]

@@ -1,0 +1,438 @@
+"""The decode-speed benchmark: ``python -m kernels.bench`` (``make bench``), lesson 10.
+
+Runs on whatever is there and writes ``results/bench_<device>.json``:
+
+* on a CUDA GPU: torch BF16 ``F.linear`` against the course's Triton kernels (W8A16,
+  W4A16 group 128, FP8 W8A8 with activation quantization when compute capability >= 8.9)
+  on Llama-3.1-8B layer shapes (4096x4096, 4096x14336, 14336x4096, 4096x1024) and 70B-like
+  ones (8192x8192, 8192x28672), batch 1, 4, 16, 64, prefill M=2048 (and M=4096 for FP8),
+  timed with ``triton.testing.do_bench`` (L2 flushed, medians); then end-to-end decode
+  tokens/s of a stack of 8B-shaped decoder layers (random weights; attention left out);
+* on a CPU: what a CPU can run fast, never the Triton interpreter: fp32 and bf16
+  ``F.linear`` against torch's weight-only CPU kernels ``_weight_int8pack_mm`` (int8,
+  per channel) and ``_weight_int4pack_mm_for_cpu`` (int4, group 128), A/B interleaved,
+  within a time budget (``--quick`` for notebooks and tests).
+
+Shapes are written (K in) x (N out), as the layers map K features to N.
+The JSON holds the device, versions, every timing (median ms, GB/s, TFLOP/s, ratio to the
+baseline) and, for each performance target of the course, the measured value and whether
+it was met (null when this machine cannot measure it).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import platform
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import kernels  # noqa: F401  (Triton mode first)
+import torch
+import torch.nn.functional as F
+
+from course_lib import bench
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = 1
+
+# (name, K in, N out)
+LAYERS_8B = [("8B q/o_proj", 4096, 4096), ("8B gate/up_proj", 4096, 14336),
+             ("8B down_proj", 14336, 4096), ("8B k/v_proj", 4096, 1024)]
+LAYERS_70B = [("70B q/o_proj", 8192, 8192), ("70B gate/up_proj", 8192, 28672)]
+BATCHES = (1, 4, 16, 64)
+PREFILL_M = 2048
+
+
+# ---------------------------------------------------------------------------- formats
+
+@dataclass
+class Backend:
+    """One way to compute a linear layer: how to prepare W once, and how to apply it."""
+    name: str
+    prepare: Callable[[torch.Tensor], object]       # W (N, K) bf16/fp32 -> prepared state
+    apply: Callable[[torch.Tensor, object], torch.Tensor]   # (x (M, K), state) -> (M, N)
+    act_dtype: torch.dtype
+    weight_bits: float
+    group_size: int | None          # weights per scale (None: no scales)
+    baseline: bool = False
+
+
+def _cpu_int8_prepare(w):
+    from kernels.w8a16 import quantize_weight
+
+    q, s = quantize_weight(w)
+    return q.contiguous(), s.to(torch.bfloat16)   # bf16 x and scales: its fast path
+
+
+def _cpu_int4_prepare(w, group_size=128):
+    """torch's CPU int4 layout: unsigned codes 0..15 with w = (u - 8) * scale + zero."""
+    from course_lib import quant
+
+    qt = quant.quantize(w.float(), "int4", "per_group", group_size)   # codes -7..7
+    u = (qt.q.to(torch.int32) + 8).contiguous()                         # (N, K) in 1..15
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u, 1)
+    sz = torch.stack([qt.scale.T, torch.zeros_like(qt.scale.T)], -1)    # (K/G, N, 2)
+    return packed, sz.to(torch.bfloat16).contiguous(), group_size
+
+
+def cpu_backends() -> list[Backend]:
+    """fp32 (baseline), bf16, and torch's weight-only int8 and int4 CPU kernels."""
+    return [
+        Backend("fp32", lambda w: w.float().contiguous(), lambda x, w: F.linear(x, w),
+                torch.float32, 32, None, baseline=True),
+        Backend("bf16", lambda w: w.to(torch.bfloat16).contiguous(), lambda x, w: F.linear(x, w),
+                torch.bfloat16, 16, None),
+        Backend("int8 (_weight_int8pack_mm)", _cpu_int8_prepare,
+                lambda x, st: torch.ops.aten._weight_int8pack_mm(x, st[0], st[1]),
+                torch.bfloat16, 8, "per_channel"),
+        Backend("int4 g128 (_weight_int4pack_mm_for_cpu)", _cpu_int4_prepare,
+                lambda x, st: torch.ops.aten._weight_int4pack_mm_for_cpu(x, st[0], st[2], st[1]),
+                torch.bfloat16, 4, 128),
+    ]
+
+
+def gpu_backends(with_fp8: bool) -> list[Backend]:
+    """BF16 F.linear (baseline) and the course's Triton kernels."""
+    from kernels import fp8_w8a8, w4a16, w8a16
+
+    out = [
+        Backend("bf16", lambda w: w.to(torch.bfloat16).contiguous(), lambda x, w: F.linear(x, w),
+                torch.bfloat16, 16, None, baseline=True),
+        Backend("w8a16", w8a16.quantize_weight, lambda x, st: w8a16.w8a16_linear(x, *st),
+                torch.bfloat16, 8, "per_channel"),
+        Backend("w4a16 g128", lambda w: w4a16.quantize_weight(w, 128),
+                lambda x, st: w4a16.w4a16_linear(x, st), torch.bfloat16, 4, 128),
+    ]
+    if with_fp8:
+        out.append(Backend("fp8 w8a8", lambda w: fp8_w8a8.quantize_weight(w, fast=True),
+                           lambda x, st: fp8_w8a8.fp8_w8a8_linear(x, *st),
+                           torch.bfloat16, 8, "per_channel"))
+    return out
+
+
+def _bytes(b: Backend, M: int, N: int, K: int) -> float:
+    gs = K if b.group_size == "per_channel" else b.group_size
+    act = 4 if b.act_dtype == torch.float32 else 2
+    return bench.linear_bytes(M, N, K, b.weight_bits, act, act, gs)
+
+
+# ---------------------------------------------------------------------------- layer timings
+
+def time_layers(backends: list[Backend], layers, batches, timer: str, device: str,
+                budget_s: float | None = None, repeats: int = 7, log=print) -> list[dict]:
+    """Time every backend on every (layer, batch); one row per (layer, batch)."""
+    rows = []
+    start = time.perf_counter()
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for name, K, N in layers:
+        if budget_s is not None and time.perf_counter() - start > budget_s:
+            log(f"  time budget spent: skipping {name} {K}x{N} and later shapes")
+            break
+        w = (torch.randn(N, K, generator=gen) / math.sqrt(K)).to(device)     # (N, K)
+        states = {b.name: b.prepare(w) for b in backends}
+        for M in batches:
+            x = torch.randn(M, K, generator=gen).to(device)                   # (M, K)
+            xs = {b.name: x.to(b.act_dtype) for b in backends}
+            fns = {b.name: (lambda b=b: b.apply(xs[b.name], states[b.name])) for b in backends}
+            if timer == "gpu":
+                ms = {n: bench.time_gpu(f) for n, f in fns.items()}
+            else:
+                left = None if budget_s is None else max(0.5, budget_s - (time.perf_counter() - start))
+                reps = repeats if M <= 64 else min(3, repeats)
+                samples = bench.compare_cpu(fns, warmup=1, repeats=reps, budget_s=left / 4 if left else None)
+                ms = {n: bench.median_ms(s) for n, s in samples.items()}
+            base = next(b.name for b in backends if b.baseline)
+            res = {}
+            for b in backends:
+                nbytes = _bytes(b, M, N, K)
+                res[b.name] = {"ms": ms[b.name], "bytes": nbytes,
+                               "gbps": bench.achieved_gbps(nbytes, ms[b.name]),
+                               "tflops": bench.achieved_tflops(bench.linear_flops(M, N, K), ms[b.name]),
+                               "ratio_vs_baseline": ms[base] / ms[b.name]}
+            rows.append({"layer": name, "K": K, "N": N, "M": M,
+                         "phase": "decode" if M <= 64 else "prefill", "baseline": base,
+                         "results": res})
+            log(f"  {name:18s} {K:5d}x{N:<5d} M={M:<4d} " + "  ".join(
+                f"{n.split(' ')[0]} {r['ms']:.3f} ms ({r['ratio_vs_baseline']:.2f}x)"
+                for n, r in res.items()))
+        del w, states
+    return rows
+
+
+# ---------------------------------------------------------------------------- decode
+
+class DecoderStack(torch.nn.Module):
+    """Decoder layers with Llama's linear shapes (random weights; attention left out).
+
+    Each layer: RMSNorm, q/k/v/o projections (the attention itself skipped: at short context
+    its cost is small next to the weight reads), RMSNorm, SwiGLU MLP. Enough to time what
+    weight quantization changes in a decode step: every weight is read once per token.
+    """
+
+    def __init__(self, backend: Backend, n_layers: int, d: int, d_kv: int, d_ff: int,
+                 device: str, seed: int = 0):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.backend = backend
+        shapes = {"q": (d, d), "k": (d_kv, d), "v": (d_kv, d), "o": (d, d),
+                  "gate": (d_ff, d), "up": (d_ff, d), "down": (d, d_ff)}
+        self.layers = []
+        for _ in range(n_layers):
+            layer = {}
+            for key, (n, k) in shapes.items():
+                w = (torch.randn(n, k, generator=gen) / math.sqrt(k)).to(device)
+                layer[key] = backend.prepare(w)
+            self.layers.append(layer)
+
+    def _lin(self, x, st):
+        return self.backend.apply(x, st)
+
+    def forward(self, h):                        # h: (B, d)
+        for L in self.layers:
+            a = F.rms_norm(h, h.shape[-1:])
+            q = self._lin(a, L["q"])                                    # (B, d)
+            self._lin(a, L["k"]), self._lin(a, L["v"])                  # read, then unused:
+            h = h + self._lin(q, L["o"])                                # attention skipped
+            a = F.rms_norm(h, h.shape[-1:])
+            h = h + self._lin(F.silu(self._lin(a, L["gate"])) * self._lin(a, L["up"]), L["down"])
+        return h
+
+
+def decode_tokens_per_s(backends: list[Backend], n_layers: int, d: int, d_kv: int, d_ff: int,
+                        timer: str, device: str, batch: int = 1, repeats: int = 5,
+                        log=print) -> dict:
+    """Tokens/s of one decode step (batch ``batch``) through a DecoderStack, per backend."""
+    out = {}
+    for b in backends:
+        model = DecoderStack(b, n_layers, d, d_kv, d_ff, device)
+        h = torch.randn(batch, d).to(device, b.act_dtype)                    # (B, d)
+        step, graphed = (lambda: model(h)), False
+        if timer == "gpu":
+            step, graphed = _cuda_graph(step)
+            ms = bench.time_gpu(step)
+        else:
+            ms = bench.time_cpu(step, warmup=1, repeats=repeats)
+        out[b.name] = {"ms_per_step": ms, "tokens_per_s": batch * 1e3 / ms, "cuda_graph": graphed}
+        log(f"  decode {b.name:40s} {ms:8.2f} ms/step  {batch * 1e3 / ms:9.1f} tokens/s")
+        del model
+    base = next(b.name for b in backends if b.baseline)
+    for r in out.values():
+        r["ratio_vs_baseline"] = r["tokens_per_s"] / out[base]["tokens_per_s"]
+    return out
+
+
+def _cuda_graph(step):
+    """Capture a decode step in a CUDA graph (removes launch overhead); eager on failure."""
+    try:
+        for _ in range(3):                      # autotuning happens here, outside the capture
+            step()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step()
+        return g.replay, True
+    except Exception as err:  # noqa: BLE001  (reported in the JSON as "cuda_graph": false)
+        print(f"  (CUDA graph capture failed, timing eagerly: {type(err).__name__}: {err})")
+        return step, False
+
+
+# ---------------------------------------------------------------------------- targets
+
+def _find(rows, layer_kn, M, fmt):
+    for r in rows:
+        if (r["K"], r["N"], r["M"]) == (*layer_kn, M) and fmt in r["results"]:
+            return r["results"][fmt]
+    return None
+
+
+def evaluate_targets(rows: list[dict], decode: dict | None, copy_gbps: float | None,
+                     on_gpu: bool, is_hopper: bool) -> list[dict]:
+    """The course's GPU performance targets, each with value and met (null if unmeasured)."""
+    def ratio(kn, M, fmt):
+        r = _find(rows, kn, M, fmt) if on_gpu else None
+        return None if r is None else r["ratio_vs_baseline"]
+
+    def bw_share(kn, M, fmt):
+        r = _find(rows, kn, M, fmt) if on_gpu else None
+        return None if r is None or not copy_gbps else r["gbps"] / copy_gbps
+
+    dec = None
+    if on_gpu and decode and "w4a16 g128" in decode.get("results", {}):
+        dec = decode["results"]["w4a16 g128"]["ratio_vs_baseline"]
+    fp8 = ratio((8192, 8192), 4096, "fp8 w8a8") if is_hopper else None
+    spec = [
+        ("bf16_gemv_copy_bw", "BF16 GEMV (8192x28672, batch 1) >= 65% of measured copy bandwidth",
+         0.65, bw_share((8192, 28672), 1, "bf16")),
+        ("w4a16_b1_70b_mlp", "W4A16 g128 batch 1 at 8192x28672 >= 2.8x BF16", 2.8,
+         ratio((8192, 28672), 1, "w4a16 g128")),
+        ("w4a16_b1_4096", "W4A16 g128 batch 1 at 4096x4096 >= 2.0x BF16", 2.0,
+         ratio((4096, 4096), 1, "w4a16 g128")),
+        ("w4a16_b1_copy_bw", "W4A16 g128 batch 1 at 8192x28672 >= 60% of copy bandwidth "
+         "(quantized bytes)", 0.60, bw_share((8192, 28672), 1, "w4a16 g128")),
+        ("w8a16_b1_70b_mlp", "W8A16 batch 1 at 8192x28672 >= 1.7x BF16", 1.7,
+         ratio((8192, 28672), 1, "w8a16")),
+        ("w4a16_b16_70b_mlp", "W4A16 g128 batch 16 at 8192x28672 >= 1.5x BF16", 1.5,
+         ratio((8192, 28672), 16, "w4a16 g128")),
+        ("fp8_prefill_m4096", "FP8 W8A8 incl. activation quantization, M=4096 at 8192x8192 "
+         "(Hopper) >= 1.3x BF16", 1.3, fp8),
+        ("decode_w4a16_b1", "End-to-end decode batch 1: W4A16 >= 2x BF16 tokens/s", 2.0, dec),
+    ]
+    return [{"id": i, "description": d, "threshold": t, "value": v,
+             "met": None if v is None else bool(v >= t)} for i, d, t, v in spec]
+
+
+# ---------------------------------------------------------------------------- run
+
+def device_record() -> dict:
+    from course_lib import device
+
+    info = device.detect()
+    return {"kind": info.kind, "name": info.name,
+            "compute_capability": list(info.compute_capability) if info.compute_capability else None,
+            "memory_gb": info.memory_gb, "cpu_count": info.cpu_count,
+            "triton_interpret": info.triton_interpret}
+
+
+def versions() -> dict:
+    import numpy
+    import triton
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "triton": triton.__version__, "numpy": numpy.__version__,
+            "cuda": torch.version.cuda, "platform": platform.platform()}
+
+
+def _copy_bandwidth(device: str, quick: bool) -> float | None:
+    try:
+        from course_lib.bandwidth import measure_copy_bandwidth
+    except ImportError:
+        return None
+    kwargs = {"size_mb": 64, "repeats": 3} if quick else {}
+    return float(measure_copy_bandwidth(device, **kwargs).median_gbps)
+
+
+def run(quick: bool = False, budget_s: float = 150.0, log=print, decode_layers: int | None = None,
+        layers=None, batches=None, prefill_m: int | None = None, backends=None,
+        timer: str | None = None, decode_cfg: dict | None = None, repeats: int = 7) -> dict:
+    """Run the benchmark on this machine and return the results dict (see module docstring).
+
+    ``quick``: a subset sized for a notebook or a test (well under a minute on a CPU).
+    ``prefill_m``: None = 2048 (256 in a quick CPU run), 0 = skip prefill. The other keyword
+    overrides exist for tests (tiny shapes through the GPU code path, fewer repeats).
+    """
+    t0 = time.perf_counter()
+    gpu = torch.cuda.is_available() and not kernels.INTERPRET
+    dev = "cuda" if gpu else "cpu"
+    timer = timer or ("gpu" if gpu else "cpu")
+    rec = device_record()
+    log(f"device: {rec['name']} ({dev}); quick={quick}")
+    copy_gbps = _copy_bandwidth(dev, quick)
+    log(f"copy bandwidth: {copy_gbps} GB/s")
+    cat = bench.catalogue_gpu(rec["name"], rec["memory_gb"]) if gpu else None
+    cc = tuple(rec["compute_capability"] or (0, 0))
+    with_fp8 = gpu and cc >= (8, 9)
+    if backends is None:
+        backends = gpu_backends(with_fp8) if gpu else cpu_backends()
+    custom_layers = layers is not None
+    if layers is None:
+        if gpu:
+            layers = LAYERS_8B[:1] + LAYERS_70B[1:] if quick else LAYERS_8B + LAYERS_70B
+        else:
+            layers = ([LAYERS_8B[3], LAYERS_8B[0]] if quick else LAYERS_8B + LAYERS_70B)
+    if batches is None:
+        batches = (1, 16) if quick else BATCHES
+    rows = time_layers(backends, layers, batches, timer, dev, repeats=repeats,
+                       budget_s=None if gpu else budget_s * (0.35 if quick else 0.6), log=log)
+    if prefill_m is None:
+        prefill_m = 256 if (quick and not gpu) else PREFILL_M
+    if prefill_m:
+        # a GPU times prefill on every layer; a CPU (seconds per call at M=2048) on the
+        # smallest 8B layer only, and at M=256 in a quick run
+        pre_layers = layers if (gpu or custom_layers) else [LAYERS_8B[3]]
+        rows += time_layers(backends, pre_layers, (prefill_m,), timer, dev,
+                            repeats=min(3, repeats), log=log)
+        if gpu and with_fp8:   # the FP8 prefill target: M=4096 at 8192x8192
+            rows += time_layers(backends, [LAYERS_70B[0]], (4096,), timer, dev, log=log)
+    # end-to-end decode: 8B layer shapes on a GPU; a quarter-width stack on a CPU (say so)
+    if decode_cfg is not None:
+        cfg = dict(decode_cfg)
+    elif gpu:
+        cfg = {"n_layers": decode_layers or (8 if quick else 32), "d": 4096, "d_kv": 1024,
+               "d_ff": 14336, "note": "Llama-3.1-8B layer shapes, random weights, attention "
+               "and embeddings left out, batch 1"}
+    else:
+        cfg = {"n_layers": decode_layers or 2, "d": 1024, "d_kv": 256, "d_ff": 3584,
+               "note": "quarter-width 8B-like layers (d 1024, ffn 3584), random weights, "
+               "attention and embeddings left out, batch 1: a CPU cannot hold 8B-sized fp32 "
+               "layers in a quick run"}
+    dec_res = decode_tokens_per_s(backends, cfg["n_layers"], cfg["d"], cfg["d_kv"], cfg["d_ff"],
+                                  timer, dev, repeats=min(5, repeats), log=log)
+    decode = {"config": cfg, "results": dec_res}
+    is_hopper = cc[0] == 9
+    result = {
+        "schema": SCHEMA,
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": rec, "versions": versions(), "quick": quick,
+        "timing": ("triton.testing.do_bench, L2 flushed, median ms" if timer == "gpu" else
+                   "CPU: warm-up then median of repeats, candidates A/B interleaved"),
+        "shapes_note": "layers are K (in) x N (out); x is (M, K); bytes count weights, scales "
+                       "(16-bit), x and y once",
+        "copy_bandwidth_gbps": copy_gbps,
+        "catalogue": None if cat is None else {
+            "name": cat.name, "bandwidth_gbps": cat.bandwidth_tbps * 1e3,
+            "bf16_tflops": cat.bf16_tflops, "fp8_tflops": cat.fp8_tflops},
+        "baseline": next(b.name for b in backends if b.baseline),
+        "layers": rows, "decode": decode,
+        "targets": evaluate_targets(rows, decode, copy_gbps, gpu, is_hopper),
+    }
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    return result
+
+
+def device_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia_h100_80gb_hbm3' (file-name safe)."""
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")[:60] or "device"
+
+
+def write_results(result: dict, out_dir: Path | str = ROOT / "results") -> Path:
+    """Write ``result`` as results/bench_<kind>_<device>.json and return the path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dev = result["device"]
+    suffix = "_quick" if result.get("quick") else ""
+    path = out_dir / f"bench_{dev['kind']}_{device_slug(dev['name'])}{suffix}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return path
+
+
+def load_results(path: Path | str) -> dict:
+    """Read a results JSON (lesson 10 reads the committed ones)."""
+    data = json.loads(Path(path).read_text())
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: results schema {data.get('schema')!r}, expected {SCHEMA}")
+    return data
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="a small subset (notebooks, tests)")
+    p.add_argument("--budget-s", type=float, default=150.0, help="CPU time budget for layers")
+    p.add_argument("--out", default=str(ROOT / "results"), help="folder for the JSON")
+    args = p.parse_args(argv)
+    result = run(quick=args.quick, budget_s=args.budget_s)
+    path = write_results(result, args.out)
+    print(f"wrote {path} in {result['wall_s']} s")
+    for t in result["targets"]:
+        v = "not measured" if t["value"] is None else f"{t['value']:.2f}"
+        print(f"  [{ {True: 'met', False: 'MISSED', None: '-'}[t['met']]:6s}] {t['description']}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""course_lib.bench (counting, roofline, CPU timing) and the benchmark command kernels.bench."""
+import kernels  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
+import json
+import math
+
+import pytest
+import torch
+
+from course_lib import bench, quant
+from kernels import bench as kbench
+
+
+# ---- counting and the roofline -------------------------------------------------------------
+
+def test_linear_flops_and_bytes():
+    assert bench.linear_flops(1, 4096, 4096) == 2 * 4096 * 4096
+    # BF16 GEMV: weights 2 bytes each, x and y 2 bytes each
+    assert bench.linear_bytes(1, 4096, 4096) == 2 * 4096 * 4096 + 2 * 4096 + 2 * 4096
+    # INT4 with group-128 16-bit scales: 4 + 16/128 = 4.125 bits per weight
+    w_only = bench.linear_bytes(1, 4096, 4096, 4, 0, 0, group_size=128) / (4096 * 4096)
+    assert w_only * 8 == pytest.approx(4.125)
+    with pytest.raises(ValueError, match="positive whole number"):
+        bench.linear_bytes(0, 4, 4)
+
+
+def test_arithmetic_intensity_decode_vs_prefill():
+    ai_b1 = bench.arithmetic_intensity(1, 8192, 8192)           # BF16 GEMV: about 1 FLOP/byte
+    assert ai_b1 == pytest.approx(1.0, rel=1e-3)
+    assert bench.arithmetic_intensity(1, 8192, 8192, weight_bits=4) == pytest.approx(4.0, rel=1e-2)
+    assert bench.arithmetic_intensity(2048, 8192, 8192) > 900    # prefill: compute-bound
+
+
+def test_ridge_point_and_roofline_h100():
+    from course_lib import hardware
+
+    h100 = hardware.get_gpu("H100")
+    ridge = bench.ridge_point(h100.bf16_tflops, h100.bandwidth_tbps * 1e3)
+    assert ridge == pytest.approx(989 / 3.35, rel=1e-9)          # ~295 FLOP/byte
+    assert bench.roofline_tflops(1.0, 989, 3350) == pytest.approx(3.35)
+    assert bench.roofline_tflops(1e4, 989, 3350) == 989
+
+
+@pytest.mark.parametrize("name,mem,expected", [
+    ("NVIDIA H100 80GB HBM3", 85, "H100 SXM"), ("NVIDIA H100 PCIe", 85, "H100 PCIe"),
+    ("NVIDIA A100-SXM4-40GB", 42, "A100 40GB"), ("NVIDIA A100-SXM4-80GB", 85, "A100 80GB"),
+    ("NVIDIA H200", 150, "H200"), ("NVIDIA GeForce RTX 4090", 25, "RTX 4090"),
+    ("NVIDIA L40S", 48, "L40S"), ("Tesla T4", 16, None)])
+def test_catalogue_lookup(name, mem, expected):
+    gpu = bench.catalogue_gpu(name, mem)
+    assert (gpu.name if gpu else None) == expected
+
+
+def test_plot_roofline_draws_points():
+    import matplotlib
+    matplotlib.use("Agg")
+    ax = bench.plot_roofline([("bf16", 1.0, 2.0), ("w4a16", 4.0, 7.0)], 3350, 989, "H100 BF16")
+    assert len(ax.get_lines()) >= 3 and ax.get_xscale() == "log"
+    ax = bench.plot_roofline([("cpu", 1.0, 0.01)], 15.0)          # no peak: slope only
+    assert ax.get_lines()
+
+
+# ---- CPU timing -----------------------------------------------------------------------------
+
+def test_compare_cpu_interleaves_and_counts():
+    calls = []
+    fns = {n: (lambda n=n: calls.append(n)) for n in "ABC"}
+    samples = bench.compare_cpu(fns, warmup=1, repeats=3)
+    assert calls[:3] == ["A", "B", "C"]                           # warm-up
+    assert calls[3:] == ["A", "B", "C", "B", "C", "A", "C", "A", "B"]   # rotated each round
+    assert all(len(v) == 3 and min(v) >= 0 for v in samples.values())
+    with pytest.raises(ValueError, match="repeats"):
+        bench.compare_cpu(fns, repeats=0)
+
+
+def test_time_cpu_measures_sleep():
+    import time
+    assert 4.5 < bench.time_cpu(lambda: time.sleep(0.005), warmup=0, repeats=3) < 50
+
+
+def test_time_gpu_refuses_without_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        bench.time_gpu(lambda: None)
+
+
+# ---- torch's private CPU weight-only kernels (they change between releases) ---------------
+
+def test_cpu_int8pack_matches_reference():
+    from kernels.w8a16 import w8a16_reference
+
+    torch.manual_seed(0)
+    w, x = torch.randn(48, 64), torch.randn(3, 64)
+    b = next(b for b in kbench.cpu_backends() if b.name.startswith("int8"))
+    q, s = b.prepare(w)
+    y = b.apply(x.to(b.act_dtype), (q, s))
+    ref = w8a16_reference(x, q, s.float())
+    assert y.shape == (3, 48)
+    assert torch.allclose(y.float(), ref, rtol=2e-2, atol=5e-2)
+
+
+def test_cpu_int4pack_matches_course_lib_dequantize():
+    torch.manual_seed(0)
+    w, x = torch.randn(64, 256), torch.randn(2, 256)
+    b = next(b for b in kbench.cpu_backends() if b.name.startswith("int4"))
+    st = b.prepare(w)
+    y = b.apply(x.to(torch.bfloat16), st)
+    w_hat = quant.dequantize(quant.quantize(w, "int4", "per_group", 128))
+    ref = x.to(torch.bfloat16).float() @ w_hat.T
+    assert y.shape == (2, 64)
+    assert (y.float() - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+# ---- the benchmark command ------------------------------------------------------------------
+
+def _tiny_run(backends, **kw):
+    return kbench.run(quick=True, layers=[("tiny", 128, 48)], batches=(1, 9), prefill_m=16,
+                      backends=backends, timer="cpu",
+                      decode_cfg={"n_layers": 1, "d": 128, "d_kv": 32, "d_ff": 256, "note": "tiny"},
+                      repeats=1, log=lambda *a: None, **kw)
+
+
+def test_run_cpu_backends_writes_json(tmp_path):
+    result = _tiny_run(kbench.cpu_backends())
+    assert result["device"]["kind"] in ("cpu", "cuda") and result["versions"]["torch"]
+    assert result["copy_bandwidth_gbps"] is None or result["copy_bandwidth_gbps"] > 0
+    assert [r["M"] for r in result["layers"]] == [1, 9, 16]
+    row = result["layers"][0]
+    assert row["results"]["fp32"]["ratio_vs_baseline"] == 1.0
+    assert row["results"]["int8 (_weight_int8pack_mm)"]["bytes"] < row["results"]["fp32"]["bytes"]
+    assert set(result["decode"]["results"]) == {b.name for b in kbench.cpu_backends()}
+    assert all(t["met"] is None for t in result["targets"])       # GPU targets: not measured
+    path = kbench.write_results(result, tmp_path)
+    assert kbench.load_results(path)["layers"] == json.loads(path.read_text())["layers"]
+
+
+def test_run_gpu_backends_through_the_interpreter():
+    """The GPU code path (Triton kernels) on tiny shapes, timed with the CPU timer."""
+    result = _tiny_run(kbench.gpu_backends(with_fp8=True))
+    names = set(result["layers"][0]["results"])
+    assert names == {"bf16", "w8a16", "w4a16 g128", "fp8 w8a8"}
+    for r in result["layers"]:
+        for v in r["results"].values():
+            assert v["ms"] > 0 and math.isfinite(v["gbps"])
+
+
+def test_targets_met_and_missed():
+    def row(kn, M, fmt_ratio):
+        return {"K": kn[0], "N": kn[1], "M": M,
+                "results": {f: {"ratio_vs_baseline": r, "gbps": 3000.0 * r / 3}
+                            for f, r in fmt_ratio.items()}}
+    rows = [row((8192, 28672), 1, {"bf16": 1.0, "w4a16 g128": 3.0, "w8a16": 1.5}),
+            row((4096, 4096), 1, {"w4a16 g128": 2.1})]
+    t = {x["id"]: x for x in kbench.evaluate_targets(rows, None, 3350.0, True, False)}
+    assert t["w4a16_b1_70b_mlp"]["met"] is True and t["w8a16_b1_70b_mlp"]["met"] is False
+    assert t["w4a16_b1_4096"]["met"] is True
+    assert t["fp8_prefill_m4096"]["met"] is None and t["decode_w4a16_b1"]["value"] is None
+    assert t["bf16_gemv_copy_bw"]["value"] == pytest.approx(1000 / 3350)
+
+
+def test_device_slug():
+    assert kbench.device_slug("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3"
