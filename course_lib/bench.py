@@ -164,7 +164,8 @@ def catalogue_gpu(device_name: str, memory_gb: float | None = None):
 
 
 def plot_roofline(points, bandwidth_gbps: float, peak_tflops: float | None = None,
-                  peak_label: str = "peak", ax=None, title: str = "Roofline"):
+                  peak_label: str = "peak", ax=None, title: str = "Roofline",
+                  bandwidth_label: str = "measured copy bandwidth"):
     """Log-log roofline: the bandwidth slope, the compute roof, and measured points.
 
     points: iterable of (label, intensity FLOP/byte, achieved TFLOP/s). Returns the axes.
@@ -182,11 +183,12 @@ def plot_roofline(points, bandwidth_gbps: float, peak_tflops: float | None = Non
     grid = np.logspace(np.log10(lo), np.log10(hi), 200)
     slope = grid * bandwidth_gbps * 1e9 / 1e12
     ax.loglog(grid, slope if peak_tflops is None else np.minimum(slope, peak_tflops), "k-",
-              label=f"measured copy bandwidth {bandwidth_gbps:.0f} GB/s")
+              label=f"{bandwidth_label} {bandwidth_gbps:.0f} GB/s")
     if peak_tflops:
         ax.axhline(peak_tflops, color="grey", ls=":", label=f"{peak_label} {peak_tflops:g} TFLOP/s")
-    for label, x, y in points:
-        ax.loglog([x], [y], "o", label=label)
+    markers = "osD^v<>ph*"
+    for i, (label, x, y) in enumerate(points):
+        ax.loglog([x], [y], markers[(i // 10) % len(markers)], label=label)
     ax.set_xlabel("arithmetic intensity (FLOP per byte)")
     ax.set_ylabel("TFLOP/s")
     ax.set_title(title)

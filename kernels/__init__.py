@@ -44,4 +44,17 @@ class exercise_launch:
         return False
 
 
-__all__ += ["exercise_launch"]
+def source(kernel) -> str:
+    """The Python source of a kernel (a ``@triton.jit`` function, autotuned or not) or helper.
+
+    ``inspect.getsource`` does not accept Triton's wrappers; the plain function sits in
+    their ``fn`` attribute (lessons 09 and 10 print kernels with this).
+    """
+    import inspect
+
+    while hasattr(kernel, "fn"):
+        kernel = kernel.fn
+    return inspect.getsource(kernel)
+
+
+__all__ += ["exercise_launch", "source"]
