@@ -1,6 +1,8 @@
 """Timing, achieved bandwidth and FLOP rate, arithmetic intensity and the roofline (lessons 09-10).
 
 - ``time_gpu``: ``triton.testing.do_bench`` (L2 cache flushed before every run), median ms.
+- ``time_gpu_graph``: calls replayed from a CUDA graph (no Python launch overhead, as in a
+  serving engine's decode loop), rotating over weight copies larger than L2, median ms.
 - ``time_cpu`` / ``compare_cpu``: warm-up, then the median of repeats; ``compare_cpu``
   interleaves the candidates (A B C, B C A, ...) so a slow moment of the machine hits all
   of them alike instead of one.
@@ -38,6 +40,44 @@ def time_gpu(fn: Callable[[], object], warmup_ms: int = 25, rep_ms: int = 100) -
     import triton.testing
 
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def time_gpu_graph(fns: list[Callable[[], object]], min_calls: int = 64,
+                   replays: int = 10) -> float:
+    """Median ms per call of ``fns`` called in turn inside one CUDA graph (lesson 10).
+
+    Decode servers replay CUDA graphs, so Python's launch overhead is not part of a decode
+    step; this timer leaves it out too. Pass several functions that read *different copies*
+    of the weights (together larger than the L2 cache) so that no call finds its weight in
+    L2, as with ``time_gpu``'s flush. Each function runs once before capture (autotuning).
+    """
+    import torch
+
+    from course_lib.device import require_gpu
+
+    require_gpu("course_lib.bench.time_gpu_graph")
+    if not fns:
+        raise ValueError("give at least one function to time")
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    rounds = max(1, -(-min_calls // len(fns)))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(rounds):
+            for fn in fns:
+                fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        per_call.append(start.elapsed_time(end) / (rounds * len(fns)))
+    return float(statistics.median(per_call))
 
 
 def _check_counts(warmup: int, repeats: int) -> None:
@@ -197,6 +237,6 @@ def plot_roofline(points, bandwidth_gbps: float, peak_tflops: float | None = Non
     return ax
 
 
-__all__ = ["time_gpu", "time_cpu", "compare_cpu", "median_ms", "linear_flops", "linear_bytes",
+__all__ = ["time_gpu", "time_gpu_graph", "time_cpu", "compare_cpu", "median_ms", "linear_flops", "linear_bytes",
            "arithmetic_intensity", "achieved_gbps", "achieved_tflops", "ridge_point",
            "roofline_tflops", "catalogue_gpu", "plot_roofline", "WEIGHT_BITS"]

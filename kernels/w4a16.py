@@ -18,7 +18,8 @@ with q unpacked from ``packed`` (N, K/2) uint8, ``scale``/``zero`` (N, K/GROUP).
 Pseudo-code of the GEMV kernel (one program = one row m of x, BLOCK_N rows of W)::
 
     acc[BLOCK_N] = 0
-    for g in this program's groups:                       # k0 = g * GROUP
+    for g in this program's groups:                       # k0 = g * GROUP (on a GPU, GPI
+                                                          # groups per step: wider loads)
         p   = load packed[n0:n0+BLOCK_N, k0/2 : k0/2 + GROUP/2]   # uint8, half a byte per weight
         lo  = p & 0xF ; hi = p >> 4                       # unpack in registers
         x_e = load x[m, k0 + 0 : GROUP : 2] ; x_o = load x[m, k0 + 1 : GROUP : 2]
@@ -72,7 +73,8 @@ def w4a16_gemv_kernel(
     stride_pn,    # bytes between rows of packed
     stride_sn,    # elements between rows of scale (and of zero)
     stride_ym,    # elements between rows of y
-    GROUP: tl.constexpr,     # weights per scale along K (32, 64 or 128); one loop step
+    GROUP: tl.constexpr,     # weights per scale along K (32, 64 or 128)
+    GPI: tl.constexpr,       # groups per loop step (1, 2, 4: wider loads on a GPU)
     BLOCK_N: tl.constexpr,   # rows of W (outputs) per program
     SPLIT_K: tl.constexpr,   # programs sharing one output block along K
     HAS_ZERO: tl.constexpr,  # asymmetric codes 0..15 with zero points
@@ -80,28 +82,35 @@ def w4a16_gemv_kernel(
     pid_n = tl.program_id(0)
     m = tl.program_id(1)
     pid_k = tl.program_id(2)
-    HALF: tl.constexpr = GROUP // 2
+    HALF: tl.constexpr = GROUP // 2                          # bytes per group and row
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # (BLOCK_N,)
     n_mask = offs_n < N
-    offs_j = tl.arange(0, HALF)                              # (HALF,) byte within a group
+    offs_j = tl.arange(0, GPI * HALF)                        # (GPI*HALF,) byte within a step
+    offs_gi = tl.arange(0, GPI)                              # (GPI,) group within a step
     n_groups = K // GROUP
     g_per_split = tl.cdiv(n_groups, SPLIT_K)
     g_begin = pid_k * g_per_split
     g_end = tl.minimum(g_begin + g_per_split, n_groups)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)            # (BLOCK_N,)
-    for g in range(g_begin, g_end):
-        k0 = g * GROUP
-        p = tl.load(p_ptr + offs_n[:, None] * stride_pn + (k0 // 2 + offs_j)[None, :],
-                    mask=n_mask[:, None], other=0)           # (BLOCK_N, HALF) uint8
-        lo, hi = _unpack(p, HAS_ZERO)                        # (BLOCK_N, HALF) each
-        x_e = tl.load(x_ptr + m * stride_xm + k0 + 2 * offs_j).to(tl.float32)      # (HALF,)
-        x_o = tl.load(x_ptr + m * stride_xm + k0 + 2 * offs_j + 1).to(tl.float32)  # (HALF,)
-        part = tl.sum(lo * x_e[None, :] + hi * x_o[None, :], axis=1)              # (BLOCK_N,)
+    for g0 in range(g_begin, g_end, GPI):
+        col_mask = g0 + offs_j // HALF < g_end               # (GPI*HALF,) groups past the end
+        p = tl.load(p_ptr + offs_n[:, None] * stride_pn + (g0 * HALF + offs_j)[None, :],
+                    mask=n_mask[:, None] & col_mask[None, :], other=0)  # (BLOCK_N, GPI*HALF) uint8
+        lo, hi = _unpack(p, HAS_ZERO)                        # (BLOCK_N, GPI*HALF) each
+        k_even = g0 * GROUP + 2 * offs_j                     # (GPI*HALF,) columns of low nibbles
+        x_e = tl.load(x_ptr + m * stride_xm + k_even, mask=col_mask, other=0.0).to(tl.float32)
+        x_o = tl.load(x_ptr + m * stride_xm + k_even + 1, mask=col_mask, other=0.0).to(tl.float32)
+        prod = lo * x_e[None, :] + hi * x_o[None, :]         # (BLOCK_N, GPI*HALF)
+        part = tl.sum(tl.reshape(prod, (BLOCK_N, GPI, HALF)), axis=2)   # (BLOCK_N, GPI)
+        offs_g = g0 + offs_gi                                # (GPI,)
+        sz_mask = n_mask[:, None] & (offs_g < g_end)[None, :]
+        sz_off = offs_n[:, None] * stride_sn + offs_g[None, :]          # (BLOCK_N, GPI)
         if HAS_ZERO:
-            z = tl.load(z_ptr + offs_n * stride_sn + g, mask=n_mask, other=0).to(tl.float32)
-            part -= z * tl.sum(x_e + x_o, axis=0)
-        s = tl.load(s_ptr + offs_n * stride_sn + g, mask=n_mask, other=0.0).to(tl.float32)
-        acc += s * part                                      # one scale per group
+            z = tl.load(z_ptr + sz_off, mask=sz_mask, other=0).to(tl.float32)
+            x_sum = tl.sum(tl.reshape(x_e + x_o, (GPI, HALF)), axis=1)  # (GPI,)
+            part -= z * x_sum[None, :]
+        s = tl.load(s_ptr + sz_off, mask=sz_mask, other=0.0).to(tl.float32)
+        acc += tl.sum(s * part, axis=1)                      # one scale per group
     y_ptrs = y_ptr + m * stride_ym + offs_n
     if SPLIT_K == 1:
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
@@ -161,8 +170,8 @@ def w4a16_gemm_kernel(
              acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
-_GEMV_CONFIGS = [triton.Config({}, num_warps=w, num_stages=s)
-                 for w, s in [(2, 4), (4, 3), (4, 4), (8, 3), (8, 5)]]
+_GEMV_CONFIGS = [triton.Config({"GPI": gpi}, num_warps=w, num_stages=s)
+                 for gpi, w, s in [(1, 4, 4), (2, 4, 3), (2, 4, 4), (4, 4, 3), (4, 8, 3), (8, 8, 2)]]
 _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
                  for bm, bn, w, s in [(16, 64, 4, 4), (32, 64, 4, 4), (64, 64, 4, 4),
                                       (64, 128, 4, 4), (128, 128, 8, 3), (128, 256, 8, 3)]]
@@ -236,11 +245,13 @@ def _check_weight(wt: W4A16Weight) -> None:
 # ---------------------------------------------------------------------------- wrapper
 
 def w4a16_linear(x: torch.Tensor, wt: W4A16Weight, *, block_n: int | None = None,
-                 split_k: int | None = None, force_gemm: bool = False) -> torch.Tensor:
+                 split_k: int | None = None, force_gemm: bool = False,
+                 gpi: int | None = None) -> torch.Tensor:
     """y = x @ dequantize(wt).T with the Triton kernels (lesson 09).
 
     x: (..., K) fp16/bf16/fp32. Returns (..., N) in x's dtype. ``block_n``/``split_k``
-    override the GEMV launch plan; ``force_gemm`` takes the tl.dot kernel at any batch.
+    override the GEMV launch plan, ``gpi`` the groups per loop step in the interpreter (a GPU
+    autotunes it); ``force_gemm`` takes the tl.dot kernel at any batch.
     """
     _check_weight(wt)
     N, K, G = wt.N, wt.K, wt.group_size
@@ -259,9 +270,10 @@ def w4a16_linear(x: torch.Tensor, wt: W4A16Weight, *, block_n: int | None = None
         y = (torch.zeros((M, N), dtype=torch.float32, device=x.device) if sk > 1
              else torch.empty((M, N), dtype=x.dtype, device=x.device))        # (M, N)
         grid = (triton.cdiv(N, bn), M, sk)
+        meta = {} if on_gpu() else {"GPI": gpi or 2}
         _gemv[grid](x2, packed, scale, zero, y, M, N, K, x2.stride(0), packed.stride(0),
                     scale.stride(0), y.stride(0), GROUP=G, BLOCK_N=bn, SPLIT_K=sk,
-                    HAS_ZERO=has_zero)
+                    HAS_ZERO=has_zero, **meta)
         return y.to(x.dtype).reshape(out_shape)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)                   # (M, N)
     args = (x2, packed, scale, zero, y, M, N, K, x2.stride(0), packed.stride(0),

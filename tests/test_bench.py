@@ -163,3 +163,22 @@ def test_targets_met_and_missed():
 
 def test_device_slug():
     assert kbench.device_slug("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3"
+
+
+def test_clone_makes_independent_weight_copies():
+    from kernels.w4a16 import quantize_weight
+
+    wt = quantize_weight(torch.randn(8, 64), 32, symmetric=False)
+    copy = kbench._clone(wt)
+    assert copy.packed is not wt.packed and torch.equal(copy.packed, wt.packed)
+    assert copy.group_size == 32 and torch.equal(copy.zero, wt.zero)
+    assert kbench._state_bytes(wt) == 8 * 32 + 8 * 2 * 4 + 8 * 2 * 4     # uint8 + fp32 + int32
+    pair = (torch.zeros(3, dtype=torch.int8), torch.zeros(3))
+    assert kbench._state_bytes(kbench._clone(pair)) == 3 + 12
+
+
+def test_time_gpu_graph_refuses_without_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        bench.time_gpu_graph([lambda: None])
