@@ -216,7 +216,7 @@ def plot_roofline(points, bandwidth_gbps: float, peak_tflops: float | None = Non
 
     points = list(points)
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 4.5))
+        _, ax = plt.subplots(figsize=(9, 4.5))
     xs = [p[1] for p in points] or [1.0]
     lo = min(0.25, min(xs) / 2)
     hi = max(4 * max(xs), 2 * ridge_point(peak_tflops, bandwidth_gbps) if peak_tflops else 1e3)
@@ -232,7 +232,8 @@ def plot_roofline(points, bandwidth_gbps: float, peak_tflops: float | None = Non
     ax.set_xlabel("arithmetic intensity (FLOP per byte)")
     ax.set_ylabel("TFLOP/s")
     ax.set_title(title)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), ncol=1 + len(points) // 16)
+    ax.figure.tight_layout()
     ax.grid(True, which="both", alpha=0.3)
     return ax
 

@@ -365,19 +365,36 @@ def _copy_bandwidth(device: str, quick: bool) -> float | None:
 
 def run(quick: bool = False, budget_s: float = 150.0, log=print, decode_layers: int | None = None,
         layers=None, batches=None, prefill_m: int | None = None, backends=None,
-        timer: str | None = None, decode_cfg: dict | None = None, repeats: int = 7) -> dict:
+        timer: str | None = None, decode_cfg: dict | None = None, repeats: int = 7,
+        threads: int | None = 1) -> dict:
     """Run the benchmark on this machine and return the results dict (see module docstring).
 
     ``quick``: a subset sized for a notebook or a test (well under a minute on a CPU).
     ``prefill_m``: None = 2048 (256 in a quick CPU run), 0 = skip prefill. The other keyword
     overrides exist for tests (tiny shapes through the GPU code path, fewer repeats).
+    ``threads``: torch's CPU threads during a CPU run (restored afterwards); 1 by default,
+    because on a shared or busy machine multi-threaded timings wait on the OS scheduler
+    (steps of several ms) and the ratios turn to noise. None keeps torch's setting.
     """
-    t0 = time.perf_counter()
     gpu = torch.cuda.is_available() and not kernels.INTERPRET
+    old_threads = torch.get_num_threads()
+    if threads and not gpu:
+        torch.set_num_threads(threads)
+    try:
+        return _run(quick, budget_s, log, decode_layers, layers, batches, prefill_m, backends,
+                    timer, decode_cfg, repeats, gpu)
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _run(quick, budget_s, log, decode_layers, layers, batches, prefill_m, backends, timer,
+         decode_cfg, repeats, gpu) -> dict:
+    t0 = time.perf_counter()
     dev = "cuda" if gpu else "cpu"
     timer = timer or ("gpu" if gpu else "cpu")
     rec = device_record()
-    log(f"device: {rec['name']} ({dev}); quick={quick}")
+    log(f"device: {rec['name']} ({dev}); quick={quick}"
+        + ("" if gpu else f"; {torch.get_num_threads()} CPU thread(s)"))
     copy_gbps = _copy_bandwidth(dev, quick)
     log(f"copy bandwidth: {copy_gbps} GB/s")
     cat = bench.catalogue_gpu(rec["name"], rec["memory_gb"]) if gpu else None
@@ -425,6 +442,7 @@ def run(quick: bool = False, budget_s: float = 150.0, log=print, decode_layers: 
         "schema": SCHEMA,
         "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "device": rec, "versions": versions(), "quick": quick,
+        "cpu_threads": None if gpu else torch.get_num_threads(),
         "timing": ("GPU: ms = median per call replayed from a CUDA graph, rotating over weight "
                    "copies that together exceed 3x L2 (no launch overhead, no L2 reuse); "
                    "ms_eager = triton.testing.do_bench median with L2 flushed (Python launch "
@@ -443,6 +461,31 @@ def run(quick: bool = False, budget_s: float = 150.0, log=print, decode_layers: 
     }
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     return result
+
+
+def layer_table(result: dict, phase: str | None = None) -> str:
+    """The layer timings as text: one line per (layer, batch), ms and ratio per format."""
+    rows = [r for r in result["layers"] if phase is None or r["phase"] == phase]
+    if not rows:
+        return "(no rows)"
+    names = list(rows[0]["results"])
+    short = [n.split(" (")[0] for n in names]
+    head = f"{'layer':18s} {'K x N':>12s} {'M':>5s} " + " ".join(f"{s:>18s}" for s in short)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        cells = " ".join(f"{r['results'][n]['ms']:8.3f} ms {r['results'][n]['ratio_vs_baseline']:5.2f}x"
+                         for n in names)
+        lines.append(f"{r['layer']:18s} {r['K']:>5d}x{r['N']:<6d} {r['M']:5d} {cells}")
+    return "\n".join(lines)
+
+
+def targets_table(result: dict) -> str:
+    """The performance targets as text: met / MISSED / - (not measured), with the value."""
+    out = []
+    for t in result["targets"]:
+        v = "not measured" if t["value"] is None else f"{t['value']:.2f}"
+        out.append(f"[{ {True: 'met', False: 'MISSED', None: '-'}[t['met']]:6s}] {t['description']}: {v}")
+    return "\n".join(out)
 
 
 def device_slug(name: str) -> str:
@@ -474,13 +517,13 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="a small subset (notebooks, tests)")
     p.add_argument("--budget-s", type=float, default=150.0, help="CPU time budget for layers")
     p.add_argument("--out", default=str(ROOT / "results"), help="folder for the JSON")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU threads for a CPU run (default 1: stable on shared machines; 0 = torch's default)")
     args = p.parse_args(argv)
-    result = run(quick=args.quick, budget_s=args.budget_s)
+    result = run(quick=args.quick, budget_s=args.budget_s, threads=args.threads or None)
     path = write_results(result, args.out)
     print(f"wrote {path} in {result['wall_s']} s")
-    for t in result["targets"]:
-        v = "not measured" if t["value"] is None else f"{t['value']:.2f}"
-        print(f"  [{ {True: 'met', False: 'MISSED', None: '-'}[t['met']]:6s}] {t['description']}: {v}")
+    print(targets_table(result))
     return 0
 
 

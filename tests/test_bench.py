@@ -182,3 +182,19 @@ def test_time_gpu_graph_refuses_without_gpu():
         pytest.skip("has a GPU")
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         bench.time_gpu_graph([lambda: None])
+
+
+def test_tables_render():
+    result = _tiny_run(kbench.cpu_backends())
+    text = kbench.layer_table(result, "decode")
+    assert "tiny" in text and "fp32" in text and "1.00x" in text and len(text.splitlines()) == 2 + 3
+    assert kbench.layer_table(result, "nothing") == "(no rows)"
+    assert kbench.targets_table(result).count("not measured") == len(result["targets"])
+
+
+def test_cpu_threads_are_set_and_restored():
+    before = torch.get_num_threads()
+    result = _tiny_run(kbench.cpu_backends(), threads=1)
+    assert torch.get_num_threads() == before
+    if result["device"]["kind"] == "cpu":
+        assert result["cpu_threads"] == 1
