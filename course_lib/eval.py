@@ -70,12 +70,29 @@ def targets(ids, window: int = 256) -> torch.Tensor:
     return make_windows(ids, window)[:, 1:].reshape(-1)
 
 
+def bits_from_logprobs(lp: torch.Tensor, tgt: torch.Tensor, bytes_per_token: float = 1.0
+                       ) -> float:
+    """Bits per byte from next-token log-probs (N, V) (natural log) and targets (N,) (lesson 04).
+
+    Cross-entropy = mean over positions of -ln p(target); / ln 2 turns nats into bits;
+    / bytes_per_token turns bits per token into bits per byte (1 for a byte-level model).
+    Perplexity per token is exp(mean nats) = 2 ** (bits per token).
+    """
+    if lp.dim() != 2 or tgt.shape != lp.shape[:1]:
+        raise ValueError(f"expected log-probs (N, V) and targets (N,); got {tuple(lp.shape)} "
+                         f"and {tuple(tgt.shape)}")
+    if tgt.numel() and (int(tgt.min()) < 0 or int(tgt.max()) >= lp.shape[1]):
+        raise ValueError(f"targets span [{int(tgt.min())}, {int(tgt.max())}] but there are only "
+                         f"{lp.shape[1]} log-probs per position")
+    nll = -lp.gather(1, tgt.long()[:, None]).mean()                          # nats / token
+    return float(nll) / math.log(2) / bytes_per_token
+
+
 def bits_per_byte(model, ids, window: int = 256, batch_size: int = 32,
                   bytes_per_token: float = 1.0) -> float:
     """Mean cross-entropy of the next token in bits, divided by bytes per token."""
     lp = logprobs(model, ids, window, batch_size)                            # (N, V)
-    nll = -lp.gather(1, targets(ids, window)[:, None]).mean()                # nats / token
-    return float(nll) / math.log(2) / bytes_per_token
+    return bits_from_logprobs(lp, targets(ids, window), bytes_per_token)
 
 
 @dataclass
@@ -89,8 +106,7 @@ class Reference:
 
     @property
     def bits_per_byte(self) -> float:
-        nll = -self.logprobs.gather(1, self.targets[:, None]).mean()
-        return float(nll) / math.log(2) / self.bytes_per_token
+        return bits_from_logprobs(self.logprobs, self.targets, self.bytes_per_token)
 
 
 def reference(model, ids, window: int = 256, batch_size: int = 32,
@@ -102,7 +118,11 @@ def reference(model, ids, window: int = 256, batch_size: int = 32,
 
 
 def kl_and_top1(ref_lp: torch.Tensor, lp: torch.Tensor) -> tuple[float, float]:
-    """Mean KL(ref || variant) in nats per token and top-1 agreement, from log-probs (N, V)."""
+    """Mean KL(ref || variant) in nats per token and top-1 agreement, from log-probs (N, V).
+
+    KL(P || Q) = sum_v P(v) (ln P(v) - ln Q(v)), averaged over positions; top-1 agreement is
+    the fraction of positions where argmax P == argmax Q (lesson 04).
+    """
     if ref_lp.shape != lp.shape:
         raise ValueError(f"log-prob shapes differ: {tuple(ref_lp.shape)} vs {tuple(lp.shape)}")
     kl = (ref_lp.exp() * (ref_lp - lp)).sum(-1).mean()                      # nats / token
@@ -113,9 +133,8 @@ def kl_and_top1(ref_lp: torch.Tensor, lp: torch.Tensor) -> tuple[float, float]:
 def compare(model, ref: Reference, batch_size: int = 32) -> dict:
     """Bits per byte, KL vs the reference and top-1 agreement of ``model`` on ref's windows."""
     lp = logprobs(model, ref.ids, ref.window, batch_size)                    # (N, V)
-    nll = -lp.gather(1, ref.targets[:, None]).mean()
     kl, top1 = kl_and_top1(ref.logprobs, lp)
-    return {"bits_per_byte": float(nll) / math.log(2) / ref.bytes_per_token,
+    return {"bits_per_byte": bits_from_logprobs(lp, ref.targets, ref.bytes_per_token),
             "kl_nats": kl, "top1_agreement": top1}
 
 

@@ -52,26 +52,32 @@ def stored_bytes(shape, fmt: str, granularity: str, group_size: int | None,
     return (out_f * in_f * bits + 7) // 8 + n_scales * scale_bytes + zero
 
 
+def _shape(mod):
+    """(out_features, in_features) of a Linear, or (num_embeddings, embedding_dim)."""
+    return tuple(mod.weight.shape)
+
+
 class FakeQuantLinear(nn.Module):
     """A Linear whose weight has been rounded to a low-bit grid and kept in float (lesson 04)."""
 
     def __init__(self, linear: nn.Linear, fmt="int4", granularity="per_group", group_size=128,
                  symmetric=True):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.out_features, self.in_features = _shape(linear)
         self.fmt, self.granularity, self.group_size, self.symmetric = \
             fmt, granularity, group_size, symmetric
         w = linear.weight.detach()                                          # (out, in)
         self.weight = nn.Parameter(quant.fake_quantize(w, fmt, granularity, group_size, symmetric),
                                    requires_grad=False)                     # (out, in), w's dtype
-        self.bias = linear.bias
+        self.bias = getattr(linear, "bias", None)
 
     def forward(self, x):                                                   # (..., in) -> (..., out)
         return F.linear(x, self.weight, self.bias)
 
     def nbytes(self) -> int:
+        """Bytes the weight would take stored at its bit width (codes + fp16 scales); no bias."""
         return stored_bytes(self.weight.shape, self.fmt, self.granularity, self.group_size,
-                            self.symmetric) + (0 if self.bias is None else 2 * self.bias.numel())
+                            self.symmetric)
 
     def extra_repr(self):
         g = f", group_size={self.group_size}" if self.granularity == "per_group" else ""
@@ -88,7 +94,7 @@ class PackedLinear(nn.Module):
     def __init__(self, linear: nn.Linear, fmt="int4", granularity="per_group", group_size=128,
                  symmetric=True):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.out_features, self.in_features = _shape(linear)
         self.fmt, self.granularity, self.symmetric = fmt, granularity, symmetric
         self.bits = _bits(fmt)
         w = linear.weight.detach().float()                                  # (out, in)
@@ -105,7 +111,7 @@ class PackedLinear(nn.Module):
         zero = None if qt.zero is None else qt.zero.reshape(self.out_features, -1).to(torch.uint8)
         self.register_buffer("zero", zero)
         self.unsigned = qt.q.dtype == torch.uint8
-        self.bias = linear.bias
+        self.bias = getattr(linear, "bias", None)
         self.out_dtype = linear.weight.dtype
 
     def dequantized_weight(self) -> torch.Tensor:
@@ -121,14 +127,27 @@ class PackedLinear(nn.Module):
         return F.linear(x, self.dequantized_weight(), self.bias)
 
     def nbytes(self) -> int:
-        """Bytes actually held by this module's buffers (and bias)."""
-        n = sum(b.numel() * b.element_size() for b in self.buffers())
-        return n + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+        """Bytes actually held by the codes, scales and zero points (the bias is not counted)."""
+        return sum(b.numel() * b.element_size() for b in self.buffers())
 
     def extra_repr(self):
         return (f"{self.in_features}, {self.out_features}, {self.fmt}, {self.granularity}, "
                 f"group_size={self.group_size}, codes={tuple(self.codes.shape)} "
                 f"{str(self.codes.dtype).replace('torch.', '')}")
+
+
+class FakeQuantEmbedding(FakeQuantLinear):
+    """An embedding table rounded row by row (one row per token id), kept in float."""
+
+    def forward(self, ids):                                                 # (B, T) -> (B, T, D)
+        return F.embedding(ids, self.weight)
+
+
+class PackedEmbedding(PackedLinear):
+    """An embedding table stored as codes + fp16 scales; rows dequantized on lookup."""
+
+    def forward(self, ids):                                                 # (B, T) -> (B, T, D)
+        return F.embedding(ids, self.dequantized_weight())
 
 
 @dataclass
@@ -138,10 +157,17 @@ class QuantReport:
     granularity: str
     group_size: int | None
     mode: str
-    quantized: list = field(default_factory=list)    # (name, (out, in)) of replaced Linears
-    skipped: list = field(default_factory=list)      # names of Linears left alone
+    quantized: list = field(default_factory=list)    # (name, (out, in)) of replaced layers
+    skipped: list = field(default_factory=list)      # names of Linears / Embeddings left alone
     bytes_before: int = 0                            # every parameter at 16 bits
     bytes_after: int = 0
+    quantized_weights: int = 0                       # weights in the quantized layers
+    quantized_bytes: int = 0                         # what they take now (codes + scales)
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Average storage of a quantized weight, scales and zero points included."""
+        return 8 * self.quantized_bytes / max(1, self.quantized_weights)
 
     @property
     def ratio(self) -> float:
@@ -149,7 +175,7 @@ class QuantReport:
 
     def __str__(self):
         g = f" g{self.group_size}" if self.granularity == "per_group" else ""
-        return (f"{self.fmt} {self.granularity}{g} ({self.mode}): {len(self.quantized)} Linear "
+        return (f"{self.fmt} {self.granularity}{g} ({self.mode}): {len(self.quantized)} "
                 f"layers quantized, {len(self.skipped)} skipped {self.skipped}; weights "
                 f"{self.bytes_before / 2**20:.2f} MiB -> {self.bytes_after / 2**20:.2f} MiB "
                 f"({self.ratio:.2f}x smaller)")
@@ -169,8 +195,10 @@ def quantize_model(model: nn.Module, fmt: str = "int4", granularity: str = "per_
                    skip=DEFAULT_SKIP, only=None, inplace: bool = False):
     """Replace ``model``'s Linear layers by quantized ones; returns ``(model, QuantReport)``.
 
-    skip: names containing any of these strings stay as they are (default: the output head;
-    pass ``skip=()`` to quantize it too). only: if given, quantize only layers whose name
+    skip: names containing any of these strings stay as they are (default: the output head
+    ``lm_head`` and the embeddings ``embed_tokens``; pass ``skip=()`` to quantize both: an
+    ``nn.Embedding`` is quantized one row per token id). A tied head and embedding are
+    untied by quantizing only one of them. only: if given, quantize only layers whose name
     contains one of these strings (layer sensitivity studies). A copy is quantized unless
     ``inplace``. Taught in lesson 04.
     """
@@ -185,15 +213,18 @@ def quantize_model(model: nn.Module, fmt: str = "int4", granularity: str = "per_
         model = copy.deepcopy(model)
     report = QuantReport(fmt, granularity, group_size, mode)
     before_params = model_bytes(model)
-    cls = FakeQuantLinear if mode == "fake" else PackedLinear
-    targets = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    if not targets:
+    classes = {nn.Linear: FakeQuantLinear if mode == "fake" else PackedLinear,
+               nn.Embedding: FakeQuantEmbedding if mode == "fake" else PackedEmbedding}
+    targets = [(n, m) for n, m in model.named_modules() if type(m) in classes
+               or isinstance(m, nn.Linear)]
+    if not any(isinstance(m, nn.Linear) for _, m in targets):
         raise ValueError("this model has no nn.Linear layers to quantize")
     saved = 0
     for name, lin in targets:
         if any(s in name for s in skip) or (only is not None and not any(o in name for o in only)):
             report.skipped.append(name)
             continue
+        cls = classes[nn.Embedding if isinstance(lin, nn.Embedding) else nn.Linear]
         try:
             new = cls(lin, fmt, granularity, group_size, symmetric)
         except ValueError as e:
@@ -202,10 +233,11 @@ def quantize_model(model: nn.Module, fmt: str = "int4", granularity: str = "per_
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, new)
         report.quantized.append((name, tuple(lin.weight.shape)))
-        saved += lin.weight.numel() * 2 - (new.nbytes() - (0 if lin.bias is None else
-                                                           2 * lin.bias.numel()))
+        saved += lin.weight.numel() * 2 - new.nbytes()          # weight at 16 bits -> stored
+        report.quantized_weights += lin.weight.numel()
+        report.quantized_bytes += new.nbytes()
     if only is not None and not report.quantized:
-        raise ValueError(f"no Linear layer name contains any of {list(only)}; names look like "
+        raise ValueError(f"no layer name contains any of {list(only)}; names look like "
                          f"{[n for n, _ in targets[:4]]}")
     report.bytes_before = before_params
     report.bytes_after = before_params - saved
@@ -222,3 +254,36 @@ def buffer_bytes(model: nn.Module) -> int:
     """Bytes actually held in memory by parameters and buffers (for ``mode='packed'``)."""
     ps = sum(p.numel() * p.element_size() for p in _unique_params(model))
     return ps + sum(b.numel() * b.element_size() for b in model.buffers())
+
+
+def rtn_sweep(model: nn.Module, ref, variants, skip=DEFAULT_SKIP, only=None) -> list[dict]:
+    """Quantize ``model`` once per variant (round-to-nearest, fake-quant) and score each against
+    the reference ``ref`` (:func:`course_lib.eval.reference`) on the same windows (lesson 04).
+
+    variants: (fmt, granularity, group_size) triples. Returns one dict per variant with the
+    label, bits per weight (scales included), weight MiB, bits per byte, its increase over the
+    reference, KL (nats/token) and top-1 agreement.
+    """
+    from course_lib import eval as ceval
+    rows = []
+    for fmt, gran, gs in variants:
+        qm, rep = quantize_model(model, fmt, gran, gs, skip=skip, only=only)
+        r = ceval.compare(qm, ref)
+        label = f"W{_bits(fmt)} " + (f"g{gs}" if gran == "per_group" else gran.replace("_", "-"))
+        rows.append({"variant": label, "fmt": fmt, "granularity": gran, "group_size": gs,
+                     "bits_per_weight": rep.bits_per_weight,
+                     "weights_mib": rep.bytes_after / 2**20,
+                     "bits_per_byte": r["bits_per_byte"],
+                     "delta_bpb": r["bits_per_byte"] - ref.bits_per_byte,
+                     "kl_nats": r["kl_nats"], "top1_agreement": r["top1_agreement"]})
+    return rows
+
+
+def format_rows(rows: list[dict], cols=None) -> str:
+    """A plain-text table of ``rtn_sweep`` rows (floats to 4 significant digits)."""
+    cols = cols or list(rows[0])
+    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
+    cells = [[fmt(r[c]) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(cols)]
+    line = lambda xs: "  ".join(x.rjust(w) for x, w in zip(xs, widths))  # noqa: E731
+    return "\n".join([line(cols)] + [line(x) for x in cells])

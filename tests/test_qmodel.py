@@ -21,7 +21,7 @@ def test_fake_quant_weights_equal_library_fake_quantize_and_original_is_untouche
     assert isinstance(lin, qmodel.FakeQuantLinear)
     assert torch.equal(lin.weight, quant.fake_quantize(w0, "int4", "per_group", 32))
     assert len(torch.unique(lin.weight[0, :32])) <= 15                   # 15 INT4 levels per group
-    assert rep.skipped == ["lm_head"] and len(rep.quantized) == 14
+    assert rep.skipped == ["model.embed_tokens", "lm_head"] and len(rep.quantized) == 14
     assert isinstance(qm.lm_head, nn.Linear)
 
 
@@ -57,11 +57,22 @@ def test_report_counts_bytes():
 
 def test_skip_and_only():
     m = small_llama()
+    ids = torch.randint(0, 256, (1, 12))
     qm, rep = qmodel.quantize_model(m, "int4", "per_group", 32, skip=())
     assert isinstance(qm.lm_head, qmodel.FakeQuantLinear) and rep.skipped == []
+    emb = qm.model.embed_tokens
+    assert isinstance(emb, qmodel.FakeQuantEmbedding)
+    assert torch.equal(emb.weight, quant.fake_quantize(m.model.embed_tokens.weight, "int4",
+                                                       "per_group", 32))
+    pk, rep_p = qmodel.quantize_model(m, "int4", "per_group", 32, skip=(), mode="packed")
+    assert isinstance(pk.model.embed_tokens, qmodel.PackedEmbedding)
+    assert torch.allclose(pk(ids), qm(ids), atol=5e-3)
+    assert rep_p.bytes_after == rep.bytes_after
+    _, rep_head = qmodel.quantize_model(m, "int4", "per_group", 32, skip=("embed_tokens",))
+    assert rep.bytes_after < rep_head.bytes_after
     qm, rep = qmodel.quantize_model(m, "int3", "per_group", 32, only=["layers.1.mlp.down_proj"])
     assert [n for n, _ in rep.quantized] == ["model.layers.1.mlp.down_proj"]
-    with pytest.raises(ValueError, match="no Linear layer name contains"):
+    with pytest.raises(ValueError, match="no layer name contains"):
         qmodel.quantize_model(m, "int4", only=["nonexistent"])
     with pytest.raises(TypeError, match="list"):
         qmodel.quantize_model(m, "int4", skip="lm_head")
