@@ -126,7 +126,7 @@ def fp8_gemm_kernel(
 
 
 _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-                 for bm, bn, bk, w, s in [(16, 64, 128, 4, 4), (32, 64, 128, 4, 4),
+                 for bm, bn, bk, w, s in [(16, 32, 128, 4, 4), (16, 64, 128, 4, 4), (32, 64, 128, 4, 4),
                                           (64, 64, 128, 4, 4), (64, 128, 128, 4, 4),
                                           (128, 128, 128, 8, 3), (128, 256, 128, 8, 3),
                                           (128, 128, 64, 4, 4)]]

@@ -79,8 +79,8 @@ def w4a16_gemv_kernel(
     SPLIT_K: tl.constexpr,   # programs sharing one output block along K
     HAS_ZERO: tl.constexpr,  # asymmetric codes 0..15 with zero points
 ):
-    pid_n = tl.program_id(0)
-    m = tl.program_id(1)
+    m = tl.program_id(0)              # which row of x: fastest-varying, so the programs
+    pid_n = tl.program_id(1)          # sharing a block of W run together (L2 reuse)
     pid_k = tl.program_id(2)
     HALF: tl.constexpr = GROUP // 2                          # bytes per group and row
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # (BLOCK_N,)
@@ -173,7 +173,8 @@ def w4a16_gemm_kernel(
 _GEMV_CONFIGS = [triton.Config({"GPI": gpi}, num_warps=w, num_stages=s)
                  for gpi, w, s in [(1, 4, 4), (2, 4, 3), (2, 4, 4), (4, 4, 3), (4, 8, 3), (8, 8, 2)]]
 _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-                 for bm, bn, w, s in [(16, 64, 4, 4), (32, 64, 4, 4), (64, 64, 4, 4),
+                 for bm, bn, w, s in [(16, 16, 2, 4), (16, 32, 4, 4), (16, 64, 4, 4),
+                                      (32, 64, 4, 4), (64, 64, 4, 4),
                                       (64, 128, 4, 4), (128, 128, 8, 3), (128, 256, 8, 3)]]
 if INTERPRET:
     _gemv, _gemm = w4a16_gemv_kernel, w4a16_gemm_kernel
@@ -269,7 +270,7 @@ def w4a16_linear(x: torch.Tensor, wt: W4A16Weight, *, block_n: int | None = None
         bn, sk = block_n or bn, split_k or sk
         y = (torch.zeros((M, N), dtype=torch.float32, device=x.device) if sk > 1
              else torch.empty((M, N), dtype=x.dtype, device=x.device))        # (M, N)
-        grid = (triton.cdiv(N, bn), M, sk)
+        grid = (M, triton.cdiv(N, bn), sk)
         meta = {} if on_gpu() else {"GPI": gpi or 2}
         _gemv[grid](x2, packed, scale, zero, y, M, N, K, x2.stride(0), packed.stride(0),
                     scale.stride(0), y.stride(0), GROUP=G, BLOCK_N=bn, SPLIT_K=sk,

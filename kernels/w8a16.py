@@ -56,8 +56,8 @@ def w8a16_gemv_kernel(
     BLOCK_K: tl.constexpr,   # K elements per loop step
     SPLIT_K: tl.constexpr,   # programs sharing one output block along K (1 = no split)
 ):
-    pid_n = tl.program_id(0)          # which block of outputs
-    m = tl.program_id(1)              # which row of x (token)
+    m = tl.program_id(0)              # which row of x (token): fastest-varying, so the
+    pid_n = tl.program_id(1)          # programs sharing a W block run together (L2 reuse)
     pid_k = tl.program_id(2)          # which slice of K
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # (BLOCK_N,)
     n_mask = offs_n < N
@@ -122,10 +122,12 @@ def w8a16_gemm_kernel(
 
 # On a GPU, a small list of configurations is tried once per shape (autotuning); the
 # interpreter skips this (it cannot time anything) and uses the defaults in the wrapper.
+# Narrow BLOCK_N (16, 32) gives a batch-16 layer with N = 4096 enough programs to fill the GPU.
 _GEMV_CONFIGS = [triton.Config({"BLOCK_K": bk}, num_warps=w, num_stages=s)
                  for bk, w, s in [(128, 4, 3), (256, 4, 3), (512, 4, 2), (256, 8, 3), (512, 8, 3)]]
 _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-                 for bm, bn, bk, w, s in [(16, 64, 128, 4, 4), (32, 64, 128, 4, 4), (64, 64, 128, 4, 4),
+                 for bm, bn, bk, w, s in [(16, 16, 256, 2, 4), (16, 32, 256, 4, 4),
+                                          (16, 64, 128, 4, 4), (32, 64, 128, 4, 4), (64, 64, 128, 4, 4),
                                           (64, 128, 64, 4, 4), (128, 128, 64, 8, 3),
                                           (128, 256, 64, 8, 3)]]
 if INTERPRET:
@@ -174,7 +176,7 @@ def w8a16_linear(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor, *,
         bn, sk = block_n or bn, split_k or sk
         y = (torch.zeros((M, N), dtype=torch.float32, device=x.device) if sk > 1
              else torch.empty((M, N), dtype=x.dtype, device=x.device))        # (M, N)
-        grid = (triton.cdiv(N, bn), M, sk)
+        grid = (M, triton.cdiv(N, bn), sk)
         meta = {} if on_gpu() else {"BLOCK_K": 32}
         _gemv[grid](x2, w_q, scale, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
                     BLOCK_N=bn, SPLIT_K=sk, **meta)
