@@ -10,6 +10,8 @@
   y = x W^T with x (M, K) and W (N, K) computes and must move, for a weight format.
 - ``roofline_tflops``, ``ridge_point``, ``plot_roofline``: attainable FLOP rate
   min(peak, intensity x bandwidth), with measured points on top.
+- ``layer_floor_ms``, ``floor_speedup``: the fastest a layer can run, and the speed-up over
+  BF16 that the roofline allows a format.
 
 Bandwidth comes from ``course_lib.bandwidth.measure_copy_bandwidth`` and peaks from the GPU
 catalogue ``course_lib.hardware`` (neither is duplicated here).
@@ -182,6 +184,35 @@ def roofline_tflops(intensity: float, peak_tflops: float, bandwidth_gbps: float)
     return min(peak_tflops, intensity * bandwidth_gbps * 1e9 / 1e12)
 
 
+def layer_floor_ms(M: int, N: int, K: int, weight_bits: float = 16, group_size: int | None = None,
+                   bandwidth_gbps: float = 3350.0, peak_tflops: float | None = 989.0) -> float:
+    """The time a linear layer cannot beat: max(bytes / bandwidth, FLOPs / peak), in ms.
+
+    Lessons 09-10. Bytes as ``linear_bytes`` (16-bit x, y and scales); ``peak_tflops`` is the
+    rate of the maths the format runs (BF16 for weight-only formats, FP8 for FP8 W8A8);
+    None ignores compute (a CPU, whose peak we do not catalogue). Defaults: an H100 SXM.
+    """
+    if bandwidth_gbps <= 0:
+        raise ValueError(f"bandwidth_gbps must be positive, got {bandwidth_gbps}")
+    t_mem = linear_bytes(M, N, K, weight_bits, group_size=group_size) / (bandwidth_gbps * 1e9)
+    t_flop = 0.0 if peak_tflops is None else linear_flops(M, N, K) / (peak_tflops * 1e12)
+    return max(t_mem, t_flop) * 1e3
+
+
+def floor_speedup(M: int, N: int, K: int, weight_bits: float, group_size: int | None = None,
+                  bandwidth_gbps: float = 3350.0, base_tflops: float = 989.0,
+                  fmt_tflops: float | None = None) -> float:
+    """Roofline speed-up of a format over BF16 for one layer: floor(BF16) / floor(format).
+
+    Lessons 09-10. ``fmt_tflops``: the format's maths rate (None: the BF16 rate, as for
+    weight-only W8A16/W4A16; an H100's FP8 rate, 1979, for FP8 W8A8).
+    """
+    base = layer_floor_ms(M, N, K, 16, None, bandwidth_gbps, base_tflops)
+    fmt = layer_floor_ms(M, N, K, weight_bits, group_size, bandwidth_gbps,
+                         base_tflops if fmt_tflops is None else fmt_tflops)
+    return base / fmt
+
+
 def catalogue_gpu(device_name: str, memory_gb: float | None = None):
     """The ``course_lib.hardware`` catalogue entry for a CUDA device name, or None.
 
@@ -240,4 +271,4 @@ def plot_roofline(points, bandwidth_gbps: float, peak_tflops: float | None = Non
 
 __all__ = ["time_gpu", "time_gpu_graph", "time_cpu", "compare_cpu", "median_ms", "linear_flops", "linear_bytes",
            "arithmetic_intensity", "achieved_gbps", "achieved_tflops", "ridge_point",
-           "roofline_tflops", "catalogue_gpu", "plot_roofline", "WEIGHT_BITS"]
+           "roofline_tflops", "layer_floor_ms", "floor_speedup", "catalogue_gpu", "plot_roofline", "WEIGHT_BITS"]

@@ -201,3 +201,17 @@ def test_cpu_threads_are_set_and_restored():
     assert torch.get_num_threads() == before
     if result["device"]["kind"] == "cpu":
         assert result["cpu_threads"] == 1
+
+
+def test_layer_floor_and_speedup():
+    # batch 1 on an H100: memory-bound, BF16 bytes / bandwidth
+    t = bench.layer_floor_ms(1, 28672, 8192)
+    assert t == pytest.approx(bench.linear_bytes(1, 28672, 8192) / 3.35e12 * 1e3)
+    # prefill: compute-bound, 2MNK / 989 TFLOPS
+    assert bench.layer_floor_ms(4096, 28672, 8192) == pytest.approx(2 * 4096 * 28672 * 8192 / 989e12 * 1e3)
+    assert bench.layer_floor_ms(4096, 28672, 8192, peak_tflops=None) < bench.layer_floor_ms(4096, 28672, 8192)
+    assert bench.floor_speedup(1, 28672, 8192, 4, 128) == pytest.approx(3.88, abs=0.01)
+    assert bench.floor_speedup(4096, 28672, 8192, 4, 128) == pytest.approx(1.0)
+    assert bench.floor_speedup(4096, 28672, 8192, 8, 8192, fmt_tflops=1979) == pytest.approx(1979 / 989)
+    with pytest.raises(ValueError, match="bandwidth"):
+        bench.layer_floor_ms(1, 8, 8, bandwidth_gbps=0)
