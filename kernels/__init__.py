@@ -15,9 +15,15 @@ which must be set *before* triton is imported: importing this package does that 
 The interpreter is correct but hundreds of times slower than torch, so on a CPU use small
 shapes and never time it.
 """
+import os
+
 from course_lib.device import ensure_triton_mode
 
-INTERPRET = ensure_triton_mode()  # must run before `import triton` anywhere
+if os.environ.get("COURSE_TRITON_AOT") == "1":
+    # kernels.compile_check: compile for a GPU architecture ahead of time, launch nothing
+    INTERPRET = False
+else:
+    INTERPRET = ensure_triton_mode()  # must run before `import triton` anywhere
 
 import triton  # noqa: E402,F401  (imported here, after the mode is set)
 

@@ -176,8 +176,10 @@ def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     In the interpreter, about 3-5% of fp32 -> fp8 casts lose a mantissa carry (a value that
     should round up to the next power of two comes out one power of two lower): a known
     interpreter bug. There the kernel first rounds to the E4M3 grid in fp32, so the cast is
-    exact; on a GPU the native cast rounds correctly by itself.
+    exact; on a GPU the native cast rounds correctly by itself. Refuses (RuntimeError) on a
+    GPU without FP8 support (compute capability below 8.9).
     """
+    require_fp8()
     K = x.shape[-1]
     x2 = check_activations(x, K)                                        # (M, K)
     check_device(x2)

@@ -89,6 +89,8 @@ def test_refusal_message_on_old_gpus(monkeypatch):
     x, w_q, ws = _case(1, 8, 16, torch.float32)
     with pytest.raises(RuntimeError, match="fp8_w8a8_reference"):
         mod.fp8_w8a8_linear(x, w_q, ws)
+    with pytest.raises(RuntimeError, match="compute capability 8.0"):
+        mod.quantize_rows_fp8(x)
 
 
 def test_bad_inputs_say_what_to_do():
