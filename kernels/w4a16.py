@@ -9,8 +9,9 @@ What you will learn
   32 and 64 too). The kernel steps through K one group at a time, so it loads each scale
   exactly once and applies it once per group to a partial sum.
 * Optional zero points (asymmetric codes 0..15): ``w = (q - zero) * scale``.
-* Even/odd split: instead of interleaving the unpacked nibbles back into order, multiply
-  the low nibbles by x[k0 + 0, 2, 4, ...] and the high nibbles by x[k0 + 1, 3, 5, ...].
+* Even/odd split: instead of interleaving the unpacked nibbles back into order, load x
+  contiguously, split it into even and odd columns (``tl.split``), and multiply the low
+  nibbles by x[k0 + 0, 2, 4, ...] and the high nibbles by x[k0 + 1, 3, 5, ...].
 
 The maths: ``y[m, n] = sum_g scale[n, g] * sum_{k in group g} x[m, k] * (q[n, k] - zero[n, g])``
 with q unpacked from ``packed`` (N, K/2) uint8, ``scale``/``zero`` (N, K/GROUP).
@@ -22,7 +23,7 @@ Pseudo-code of the GEMV kernel (one program = one row m of x, BLOCK_N rows of W)
                                                           # groups per step: wider loads)
         p   = load packed[n0:n0+BLOCK_N, k0/2 : k0/2 + GROUP/2]   # uint8, half a byte per weight
         lo  = p & 0xF ; hi = p >> 4                       # unpack in registers
-        x_e = load x[m, k0 + 0 : GROUP : 2] ; x_o = load x[m, k0 + 1 : GROUP : 2]
+        x_e, x_o = even, odd columns of load x[m, k0 : k0 + GROUP]
         part = sum(lo * x_e + hi * x_o) - zero[:, g] * sum(x_e + x_o)
         acc += scale[:, g] * part                         # one scale per group, once
     y[m, n0:n0+BLOCK_N] (+)= acc
@@ -97,9 +98,9 @@ def w4a16_gemv_kernel(
         p = tl.load(p_ptr + offs_n[:, None] * stride_pn + (g0 * HALF + offs_j)[None, :],
                     mask=n_mask[:, None] & col_mask[None, :], other=0)  # (BLOCK_N, GPI*HALF) uint8
         lo, hi = _unpack(p, HAS_ZERO)                        # (BLOCK_N, GPI*HALF) each
-        k_even = g0 * GROUP + 2 * offs_j                     # (GPI*HALF,) columns of low nibbles
-        x_e = tl.load(x_ptr + m * stride_xm + k_even, mask=col_mask, other=0.0).to(tl.float32)
-        x_o = tl.load(x_ptr + m * stride_xm + k_even + 1, mask=col_mask, other=0.0).to(tl.float32)
+        offs_k = g0 * GROUP + tl.arange(0, 2 * GPI * HALF)   # (GPI*GROUP,) one contiguous load
+        x = tl.load(x_ptr + m * stride_xm + offs_k, mask=offs_k < g_end * GROUP, other=0.0)
+        x_e, x_o = tl.split(tl.reshape(x.to(tl.float32), (GPI * HALF, 2)))  # even, odd columns
         prod = lo * x_e[None, :] + hi * x_o[None, :]         # (BLOCK_N, GPI*HALF)
         part = tl.sum(tl.reshape(prod, (BLOCK_N, GPI, HALF)), axis=2)   # (BLOCK_N, GPI)
         offs_g = g0 + offs_gi                                # (GPI,)
@@ -157,9 +158,10 @@ def w4a16_gemm_kernel(
             hi -= z[:, None]
         w_lo = lo * s[:, None]                               # (BLOCK_N, HALF) dequantized
         w_hi = hi * s[:, None]
-        x_base = x_ptr + offs_m[:, None] * stride_xm + k0 + 2 * offs_j[None, :]
-        x_e = tl.load(x_base, mask=m_mask[:, None], other=0.0)        # (BLOCK_M, HALF)
-        x_o = tl.load(x_base + 1, mask=m_mask[:, None], other=0.0)    # (BLOCK_M, HALF)
+        offs_k = k0 + tl.arange(0, GROUP)                    # (GROUP,)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=m_mask[:, None], other=0.0)         # (BLOCK_M, GROUP), contiguous
+        x_e, x_o = tl.split(tl.reshape(x, (BLOCK_M, HALF, 2)))        # (BLOCK_M, HALF) each
         if DOT_FP32:
             acc += tl.dot(x_e.to(tl.float32), tl.trans(w_lo), input_precision="ieee")
             acc += tl.dot(x_o.to(tl.float32), tl.trans(w_hi), input_precision="ieee")
