@@ -72,6 +72,8 @@ def gemv_plan(M: int, N: int, K: int, k_unit: int) -> tuple[int, int]:
         if M * math.ceil(N / block_n) >= target:
             return block_n, 1
     programs = M * math.ceil(N / 8)
+    if programs >= 2 * num_sms():  # two waves already: a split's extra zero-fill and cast
+        return 8, 1                # kernels would cost more than they bring
     max_split = max(1, K // (4 * k_unit))  # each split keeps at least four K steps
     split_k = min(max_split, math.ceil(target / programs))
     return 8, max(1, split_k)

@@ -52,8 +52,10 @@ def _jobs(arch: int, all_configs: bool):
                     yield ("w4a16_gemv", w4a16.w4a16_gemv_kernel, sig,
                            dict(GROUP=group, BLOCK_N=16, SPLIT_K=1, HAS_ZERO=has_zero, **cfg.kwargs),
                            cfg.num_warps, cfg.num_stages, True)
-                yield ("w4a16_gemv split-K", w4a16.w4a16_gemv_kernel, dict(sig, y_ptr="*fp32"),
-                       dict(GROUP=group, BLOCK_N=8, SPLIT_K=4, HAS_ZERO=has_zero, GPI=2), 4, 3, True)
+                for defer in (False, True):
+                    yield ("w4a16_gemv split-K", w4a16.w4a16_gemv_kernel, dict(sig, y_ptr="*fp32"),
+                           dict(GROUP=group, BLOCK_N=8, SPLIT_K=4, HAS_ZERO=has_zero, GPI=2,
+                                DEFER_SUM=defer), 4, 3, True)
                 for cfg in pick(w4a16._GEMM_CONFIGS):
                     yield ("w4a16_gemm", w4a16.w4a16_gemm_kernel, sig,
                            dict(GROUP=group, HAS_ZERO=has_zero, DOT_FP32=act == "*fp32", **cfg.kwargs),

@@ -6,8 +6,10 @@ What you will learn
   low nibble, 2i+1 in the high nibble. The kernel unpacks them in registers with ``& 0xF``
   and ``>> 4``; signed codes come back from two's complement with ``(v ^ 8) - 8``.
 * Group-wise scales: one scale per ``GROUP`` consecutive weights of a row (128 by default;
-  32 and 64 too). The kernel steps through K one group at a time, so it loads each scale
-  exactly once and applies it once per group to a partial sum.
+  32 and 64 too). The kernel steps through K a whole number of groups at a time, so it
+  loads each scale exactly once, and applies it once per group to a partial sum (or, in
+  the variant a GPU may pick by autotuning, ``DEFER_SUM``, broadcasts it over its group in
+  registers and sums across K only once, after the loop).
 * Optional zero points (asymmetric codes 0..15): ``w = (q - zero) * scale``.
 * Even/odd split: instead of interleaving the unpacked nibbles back into order, load x
   contiguously, split it into even and odd columns (``tl.split``), and multiply the low
@@ -79,6 +81,7 @@ def w4a16_gemv_kernel(
     BLOCK_N: tl.constexpr,   # rows of W (outputs) per program
     SPLIT_K: tl.constexpr,   # programs sharing one output block along K
     HAS_ZERO: tl.constexpr,  # asymmetric codes 0..15 with zero points
+    DEFER_SUM: tl.constexpr,  # True: sum across K once after the loop (autotuned on a GPU)
 ):
     m = tl.program_id(0)              # which row of x: fastest-varying, so the programs
     pid_n = tl.program_id(1)          # sharing a block of W run together (L2 reuse)
@@ -93,6 +96,7 @@ def w4a16_gemv_kernel(
     g_begin = pid_k * g_per_split
     g_end = tl.minimum(g_begin + g_per_split, n_groups)
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)            # (BLOCK_N,)
+    acc2 = tl.zeros((BLOCK_N, GPI * HALF), dtype=tl.float32)  # used when DEFER_SUM
     for g0 in range(g_begin, g_end, GPI):
         col_mask = g0 + offs_j // HALF < g_end               # (GPI*HALF,) groups past the end
         p = tl.load(p_ptr + offs_n[:, None] * stride_pn + (g0 * HALF + offs_j)[None, :],
@@ -101,17 +105,30 @@ def w4a16_gemv_kernel(
         offs_k = g0 * GROUP + tl.arange(0, 2 * GPI * HALF)   # (GPI*GROUP,) one contiguous load
         x = tl.load(x_ptr + m * stride_xm + offs_k, mask=offs_k < g_end * GROUP, other=0.0)
         x_e, x_o = tl.split(tl.reshape(x.to(tl.float32), (GPI * HALF, 2)))  # even, odd columns
-        prod = lo * x_e[None, :] + hi * x_o[None, :]         # (BLOCK_N, GPI*HALF)
-        part = tl.sum(tl.reshape(prod, (BLOCK_N, GPI, HALF)), axis=2)   # (BLOCK_N, GPI)
         offs_g = g0 + offs_gi                                # (GPI,)
         sz_mask = n_mask[:, None] & (offs_g < g_end)[None, :]
         sz_off = offs_n[:, None] * stride_sn + offs_g[None, :]          # (BLOCK_N, GPI)
-        if HAS_ZERO:
-            z = tl.load(z_ptr + sz_off, mask=sz_mask, other=0).to(tl.float32)
-            x_sum = tl.sum(tl.reshape(x_e + x_o, (GPI, HALF)), axis=1)  # (GPI,)
-            part -= z * x_sum[None, :]
-        s = tl.load(s_ptr + sz_off, mask=sz_mask, other=0.0).to(tl.float32)
-        acc += tl.sum(s * part, axis=1)                      # one scale per group
+        s = tl.load(s_ptr + sz_off, mask=sz_mask, other=0.0).to(tl.float32)   # once per group
+        if DEFER_SUM:   # scale (and zero) broadcast over the group in registers; sum at the end
+            s_full = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_N, GPI, HALF)),
+                                (BLOCK_N, GPI * HALF))
+            if HAS_ZERO:
+                z = tl.load(z_ptr + sz_off, mask=sz_mask, other=0).to(tl.float32)
+                z_full = tl.reshape(tl.broadcast_to(z[:, :, None], (BLOCK_N, GPI, HALF)),
+                                    (BLOCK_N, GPI * HALF))
+                lo -= z_full
+                hi -= z_full
+            acc2 += s_full * (lo * x_e[None, :] + hi * x_o[None, :])
+        else:           # sum each group now, then one multiply by its scale
+            prod = lo * x_e[None, :] + hi * x_o[None, :]     # (BLOCK_N, GPI*HALF)
+            part = tl.sum(tl.reshape(prod, (BLOCK_N, GPI, HALF)), axis=2)   # (BLOCK_N, GPI)
+            if HAS_ZERO:
+                z = tl.load(z_ptr + sz_off, mask=sz_mask, other=0).to(tl.float32)
+                x_sum = tl.sum(tl.reshape(x_e + x_o, (GPI, HALF)), axis=1)  # (GPI,)
+                part -= z * x_sum[None, :]
+            acc += tl.sum(s * part, axis=1)                  # one scale per group
+    if DEFER_SUM:
+        acc = tl.sum(acc2, axis=1)
     y_ptrs = y_ptr + m * stride_ym + offs_n
     if SPLIT_K == 1:
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
@@ -172,7 +189,8 @@ def w4a16_gemm_kernel(
              acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
-_GEMV_CONFIGS = [triton.Config({"GPI": gpi}, num_warps=w, num_stages=s)
+_GEMV_CONFIGS = [triton.Config({"GPI": gpi, "DEFER_SUM": d}, num_warps=w, num_stages=s)
+                 for d in (False, True)
                  for gpi, w, s in [(1, 4, 4), (2, 4, 3), (2, 4, 4), (4, 4, 3), (4, 8, 3), (8, 8, 2)]]
 _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
                  for bm, bn, w, s in [(16, 16, 2, 4), (16, 32, 4, 4), (16, 64, 4, 4),
@@ -249,12 +267,13 @@ def _check_weight(wt: W4A16Weight) -> None:
 
 def w4a16_linear(x: torch.Tensor, wt: W4A16Weight, *, block_n: int | None = None,
                  split_k: int | None = None, force_gemm: bool = False,
-                 gpi: int | None = None) -> torch.Tensor:
+                 gpi: int | None = None, defer_sum: bool = False) -> torch.Tensor:
     """y = x @ dequantize(wt).T with the Triton kernels (lesson 09).
 
     x: (..., K) fp16/bf16/fp32. Returns (..., N) in x's dtype. ``block_n``/``split_k``
-    override the GEMV launch plan, ``gpi`` the groups per loop step in the interpreter (a GPU
-    autotunes it); ``force_gemm`` takes the tl.dot kernel at any batch.
+    override the GEMV launch plan; ``gpi`` (groups per loop step) and ``defer_sum`` (sum
+    across K after the loop) choose the GEMV variant in the interpreter, where a GPU
+    autotunes them; ``force_gemm`` takes the tl.dot kernel at any batch.
     """
     _check_weight(wt)
     N, K, G = wt.N, wt.K, wt.group_size
@@ -273,7 +292,7 @@ def w4a16_linear(x: torch.Tensor, wt: W4A16Weight, *, block_n: int | None = None
         y = (torch.zeros((M, N), dtype=torch.float32, device=x.device) if sk > 1
              else torch.empty((M, N), dtype=x.dtype, device=x.device))        # (M, N)
         grid = (M, triton.cdiv(N, bn), sk)
-        meta = {} if on_gpu() else {"GPI": gpi or 2}
+        meta = {} if on_gpu() else {"GPI": gpi or 2, "DEFER_SUM": defer_sum}
         _gemv[grid](x2, packed, scale, zero, y, M, N, K, x2.stride(0), packed.stride(0),
                     scale.stride(0), y.stride(0), GROUP=G, BLOCK_N=bn, SPLIT_K=sk,
                     HAS_ZERO=has_zero, **meta)

@@ -18,12 +18,12 @@ The maths: ``y[m, n] = scale[n] * sum_k x[m, k] * w_q[n, k]`` with ``w_q`` int8 
 
 Pseudo-code of the GEMV kernel (one program = one row m of x, BLOCK_N rows of W)::
 
-    acc[BLOCK_N] = 0                              # fp32, in registers
+    acc[BLOCK_N, BLOCK_K] = 0                     # fp32, in registers
     for k0 in range(k_begin, k_end, BLOCK_K):     # this program's slice of K
         x_blk = load x[m, k0:k0+BLOCK_K]          # masked past K
         w_blk = load w_q[n0:n0+BLOCK_N, k0:k0+BLOCK_K]   # int8: 1 byte per weight read
-        acc  += sum over k of float(w_blk) * x_blk       # dequantize in registers
-    y[m, n0:n0+BLOCK_N] (+)= acc * scale[n0:n0+BLOCK_N]  # the scale, once per output
+        acc  += float(w_blk) * x_blk              # dequantize in registers, multiply
+    y[m, n0:n0+BLOCK_N] (+)= sum(acc, over k) * scale[n0:n0+BLOCK_N]   # scale once per output
 
 The GEMM kernel is the same with a (BLOCK_M, BLOCK_K) tile of x and ``tl.dot``.
 """
@@ -64,14 +64,17 @@ def w8a16_gemv_kernel(
     k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
     k_begin = pid_k * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, K)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)            # (BLOCK_N,)
+    # products accumulate element-wise; the sum across K (a cross-thread reduction) is done
+    # once, after the loop, instead of once per step
+    acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)   # (BLOCK_N, BLOCK_K)
     for k0 in range(k_begin, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)                  # (BLOCK_K,)
         k_mask = offs_k < k_end
         x = tl.load(x_ptr + m * stride_xm + offs_k, mask=k_mask, other=0.0)
         w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :],
                     mask=n_mask[:, None] & k_mask[None, :], other=0)   # (BLOCK_N, BLOCK_K) int8
-        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+        acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]  # dequantize in registers
+    acc = tl.sum(acc2, axis=1)                               # (BLOCK_N,)
     scale = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     acc = acc * scale                                        # once per output, after the sum
     y_ptrs = y_ptr + m * stride_ym + offs_n
@@ -124,7 +127,7 @@ def w8a16_gemm_kernel(
 # interpreter skips this (it cannot time anything) and uses the defaults in the wrapper.
 # Narrow BLOCK_N (16, 32) gives a batch-16 layer with N = 4096 enough programs to fill the GPU.
 _GEMV_CONFIGS = [triton.Config({"BLOCK_K": bk}, num_warps=w, num_stages=s)
-                 for bk, w, s in [(128, 4, 3), (256, 4, 3), (512, 4, 2), (256, 8, 3), (512, 8, 3)]]
+                 for bk, w, s in [(128, 4, 3), (256, 4, 3), (128, 8, 4), (256, 8, 3), (512, 8, 3)]]
 _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
                  for bm, bn, bk, w, s in [(16, 16, 256, 2, 4), (16, 32, 256, 4, 4),
                                           (16, 64, 128, 4, 4), (32, 64, 128, 4, 4), (64, 64, 128, 4, 4),

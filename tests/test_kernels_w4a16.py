@@ -40,7 +40,9 @@ def test_matches_reference(M, N, K, G, symmetric, dtype):
 
 @pytest.mark.parametrize("path", [dict(split_k=2, block_n=8), dict(force_gemm=True),
                                   dict(split_k=3, block_n=16), dict(gpi=1), dict(gpi=4),
-                                  dict(gpi=4, split_k=2), dict(gpi=8, block_n=32)])
+                                  dict(gpi=4, split_k=2), dict(gpi=8, block_n=32),
+                                  dict(defer_sum=True), dict(defer_sum=True, gpi=4, split_k=2),
+                                  dict(defer_sum=True, gpi=1, block_n=8)])
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_every_path(path, symmetric):
     x, wt, _ = _case(3, 37, 192, 32, torch.float32, symmetric, seed=1)

@@ -69,3 +69,17 @@ def test_bad_inputs_say_what_to_do():
         w8a16_linear(x, w_q, scale[:4])
     with pytest.raises(TypeError, match="float16, bfloat16 or float32"):
         w8a16_linear(x.to(torch.int32), w_q, scale)
+
+
+def test_gemv_plan_fills_a_132_sm_gpu(monkeypatch):
+    import kernels._common as common
+
+    monkeypatch.setattr(common, "on_gpu", lambda: True)
+    monkeypatch.setattr(common, "num_sms", lambda: 132)
+    assert common.gemv_plan(1, 28672, 8192, 128) == (32, 1)     # 896 programs: no split
+    assert common.gemv_plan(1, 4096, 4096, 128) == (8, 1)       # 512 programs, two waves
+    bn, sk = common.gemv_plan(1, 1024, 4096, 128)               # 128 programs: split K
+    assert bn == 8 and sk == 5
+    assert common.gemv_plan(1, 1024, 256, 128)[1] == 1          # too little K to split
+    monkeypatch.setattr(common, "on_gpu", lambda: False)
+    assert common.gemv_plan(1, 28672, 8192, 128) == (16, 1)     # interpreter: small, no split
