@@ -5,6 +5,7 @@ Nothing here is a kernel; it keeps the three kernel files short and their checks
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -82,3 +83,23 @@ def gemv_plan(M: int, N: int, K: int, k_unit: int) -> tuple[int, int]:
 def pow2_at_least(n: int, lo: int = 16, hi: int = 128) -> int:
     """The smallest power of two >= n, clamped to [lo, hi] (block sizes must be powers of 2)."""
     return max(lo, min(hi, 1 << max(0, math.ceil(math.log2(max(n, 1))))))
+
+
+def autotune_enabled() -> bool:
+    """Autotune on a GPU unless COURSE_KERNELS_AUTOTUNE=0 (read at every call).
+
+    Autotuning compiles and times every configuration for every new shape: right for a
+    benchmark, slow for a test sweep over many small shapes (the GPU check runs its
+    correctness tests with it off, and one test with it on).
+    """
+    return on_gpu() and os.environ.get("COURSE_KERNELS_AUTOTUNE", "1") != "0"
+
+
+def choose(tuned, raw, gpu_default, interp_meta: dict):
+    """(kernel, launch keywords) for one call: autotuned, a fixed GPU config, or interpreter."""
+    if autotune_enabled():
+        return tuned, {}
+    if on_gpu():
+        return raw, {**gpu_default.kwargs, "num_warps": gpu_default.num_warps,
+                     "num_stages": gpu_default.num_stages}
+    return raw, interp_meta

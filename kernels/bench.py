@@ -126,7 +126,8 @@ def _bytes(b: Backend, M: int, N: int, K: int) -> float:
 # ---------------------------------------------------------------------------- layer timings
 
 def time_layers(backends: list[Backend], layers, batches, timer: str, device: str,
-                budget_s: float | None = None, repeats: int = 7, log=print) -> list[dict]:
+                budget_s: float | None = None, repeats: int = 7, log=print,
+                on_row=None) -> list[dict]:
     """Time every backend on every (layer, batch); one row per (layer, batch)."""
     rows = []
     start = time.perf_counter()
@@ -161,6 +162,8 @@ def time_layers(backends: list[Backend], layers, batches, timer: str, device: st
             rows.append({"layer": name, "K": K, "N": N, "M": M,
                          "phase": "decode" if M <= 64 else "prefill", "baseline": base,
                          "results": res})
+            if on_row is not None:
+                on_row(rows[-1])
             log(f"  {name:18s} {K:5d}x{N:<5d} M={M:<4d} " + "  ".join(
                 f"{n.split(' ')[0]} {r['ms']:.3f} ms ({r['ratio_vs_baseline']:.2f}x)"
                 for n, r in res.items()))
@@ -366,12 +369,14 @@ def _copy_bandwidth(device: str, quick: bool) -> float | None:
 def run(quick: bool = False, budget_s: float = 150.0, log=print, decode_layers: int | None = None,
         layers=None, batches=None, prefill_m: int | None = None, backends=None,
         timer: str | None = None, decode_cfg: dict | None = None, repeats: int = 7,
-        threads: int | None = 1) -> dict:
+        threads: int | None = 1, checkpoint=None) -> dict:
     """Run the benchmark on this machine and return the results dict (see module docstring).
 
     ``quick``: a subset sized for a notebook or a test (well under a minute on a CPU).
     ``prefill_m``: None = 2048 (256 in a quick CPU run), 0 = skip prefill. The other keyword
     overrides exist for tests (tiny shapes through the GPU code path, fewer repeats).
+    ``checkpoint(partial_result)`` is called after every timed row, so a run cut short
+    (a time limit on a lent GPU) still leaves its measurements behind.
     ``threads``: torch's CPU threads during a CPU run (restored afterwards); 1 by default,
     because on a shared or busy machine multi-threaded timings wait on the OS scheduler
     (steps of several ms) and the ratios turn to noise. None keeps torch's setting.
@@ -382,13 +387,13 @@ def run(quick: bool = False, budget_s: float = 150.0, log=print, decode_layers: 
         torch.set_num_threads(threads)
     try:
         return _run(quick, budget_s, log, decode_layers, layers, batches, prefill_m, backends,
-                    timer, decode_cfg, repeats, gpu)
+                    timer, decode_cfg, repeats, gpu, checkpoint)
     finally:
         torch.set_num_threads(old_threads)
 
 
 def _run(quick, budget_s, log, decode_layers, layers, batches, prefill_m, backends, timer,
-         decode_cfg, repeats, gpu) -> dict:
+         decode_cfg, repeats, gpu, checkpoint=None) -> dict:
     t0 = time.perf_counter()
     dev = "cuda" if gpu else "cpu"
     timer = timer or ("gpu" if gpu else "cpu")
@@ -402,41 +407,6 @@ def _run(quick, budget_s, log, decode_layers, layers, batches, prefill_m, backen
     with_fp8 = gpu and cc >= (8, 9)
     if backends is None:
         backends = gpu_backends(with_fp8) if gpu else cpu_backends()
-    custom_layers = layers is not None
-    if layers is None:
-        if gpu:
-            layers = LAYERS_8B[:1] + LAYERS_70B[1:] if quick else LAYERS_8B + LAYERS_70B
-        else:
-            layers = ([LAYERS_8B[3], LAYERS_8B[0]] if quick else LAYERS_8B + LAYERS_70B)
-    if batches is None:
-        batches = (1, 16) if quick else BATCHES
-    rows = time_layers(backends, layers, batches, timer, dev, repeats=repeats,
-                       budget_s=None if gpu else budget_s * (0.35 if quick else 0.6), log=log)
-    if prefill_m is None:
-        prefill_m = 256 if (quick and not gpu) else PREFILL_M
-    if prefill_m:
-        # a GPU times prefill on every layer; a CPU (seconds per call at M=2048) on the
-        # smallest 8B layer only, and at M=256 in a quick run
-        pre_layers = layers if (gpu or custom_layers) else [LAYERS_8B[3]]
-        rows += time_layers(backends, pre_layers, (prefill_m,), timer, dev,
-                            repeats=min(3, repeats), log=log)
-        if gpu and with_fp8:   # the FP8 prefill target: M=4096 at 8192x8192
-            rows += time_layers(backends, [LAYERS_70B[0]], (4096,), timer, dev, log=log)
-    # end-to-end decode: 8B layer shapes on a GPU; a quarter-width stack on a CPU (say so)
-    if decode_cfg is not None:
-        cfg = dict(decode_cfg)
-    elif gpu:
-        cfg = {"n_layers": decode_layers or (8 if quick else 32), "d": 4096, "d_kv": 1024,
-               "d_ff": 14336, "note": "Llama-3.1-8B layer shapes, random weights, attention "
-               "and embeddings left out, batch 1"}
-    else:
-        cfg = {"n_layers": decode_layers or 2, "d": 1024, "d_kv": 256, "d_ff": 3584,
-               "note": "quarter-width 8B-like layers (d 1024, ffn 3584), random weights, "
-               "attention and embeddings left out, batch 1: a CPU cannot hold 8B-sized fp32 "
-               "layers in a quick run"}
-    dec_res = decode_tokens_per_s(backends, cfg["n_layers"], cfg["d"], cfg["d_kv"], cfg["d_ff"],
-                                  timer, dev, repeats=min(5, repeats), log=log)
-    decode = {"config": cfg, "results": dec_res}
     is_hopper = cc[0] == 9
     result = {
         "schema": SCHEMA,
@@ -456,9 +426,53 @@ def _run(quick, budget_s, log, decode_layers, layers, batches, prefill_m, backen
             "name": cat.name, "bandwidth_gbps": cat.bandwidth_tbps * 1e3,
             "bf16_tflops": cat.bf16_tflops, "fp8_tflops": cat.fp8_tflops},
         "baseline": next(b.name for b in backends if b.baseline),
-        "layers": rows, "decode": decode,
-        "targets": evaluate_targets(rows, decode, copy_gbps, gpu, is_hopper),
+        "partial": True, "layers": [], "decode": None, "targets": [],
     }
+    rows = result["layers"]
+
+    def on_row(row):
+        rows.append(row)
+        if checkpoint is not None:
+            result["wall_s"] = round(time.perf_counter() - t0, 1)
+            checkpoint(result)
+
+    custom_layers = layers is not None
+    if layers is None:
+        if gpu:
+            layers = LAYERS_8B[:1] + LAYERS_70B[1:] if quick else LAYERS_8B + LAYERS_70B
+        else:
+            layers = ([LAYERS_8B[3], LAYERS_8B[0]] if quick else LAYERS_8B + LAYERS_70B)
+    if batches is None:
+        batches = (1, 16) if quick else BATCHES
+    time_layers(backends, layers, batches, timer, dev, repeats=repeats, on_row=on_row,
+                budget_s=None if gpu else budget_s * (0.35 if quick else 0.6), log=log)
+    if prefill_m is None:
+        prefill_m = 256 if (quick and not gpu) else PREFILL_M
+    if prefill_m:
+        # a GPU times prefill on every layer; a CPU (seconds per call at M=2048) on the
+        # smallest 8B layer only, and at M=256 in a quick run
+        pre_layers = layers if (gpu or custom_layers) else [LAYERS_8B[3]]
+        time_layers(backends, pre_layers, (prefill_m,), timer, dev, on_row=on_row,
+                    repeats=min(3, repeats), log=log)
+        if gpu and with_fp8:   # the FP8 prefill target: M=4096 at 8192x8192
+            time_layers(backends, [LAYERS_70B[0]], (4096,), timer, dev, on_row=on_row, log=log)
+    # end-to-end decode: 8B layer shapes on a GPU; a quarter-width stack on a CPU (say so)
+    if decode_cfg is not None:
+        cfg = dict(decode_cfg)
+    elif gpu:
+        cfg = {"n_layers": decode_layers or (8 if quick else 32), "d": 4096, "d_kv": 1024,
+               "d_ff": 14336, "note": "Llama-3.1-8B layer shapes, random weights, attention "
+               "and embeddings left out, batch 1"}
+    else:
+        cfg = {"n_layers": decode_layers or 2, "d": 1024, "d_kv": 256, "d_ff": 3584,
+               "note": "quarter-width 8B-like layers (d 1024, ffn 3584), random weights, "
+               "attention and embeddings left out, batch 1: a CPU cannot hold 8B-sized fp32 "
+               "layers in a quick run"}
+    dec_res = decode_tokens_per_s(backends, cfg["n_layers"], cfg["d"], cfg["d_kv"], cfg["d_ff"],
+                                  timer, dev, repeats=min(5, repeats), log=log)
+    result["decode"] = {"config": cfg, "results": dec_res}
+    result["targets"] = evaluate_targets(rows, result["decode"], copy_gbps, gpu, is_hopper)
+    result["partial"] = False
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     if quick and not gpu:   # the CPU promise of lesson 10: its measurements take under a minute
         result["targets"].append({
@@ -526,7 +540,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1,
                    help="CPU threads for a CPU run (default 1: stable on shared machines; 0 = torch's default)")
     args = p.parse_args(argv)
-    result = run(quick=args.quick, budget_s=args.budget_s, threads=args.threads or None)
+    result = run(quick=args.quick, budget_s=args.budget_s, threads=args.threads or None,
+                 checkpoint=lambda partial: write_results(partial, args.out))
     path = write_results(result, args.out)
     print(f"wrote {path} in {result['wall_s']} s")
     print(targets_table(result))

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from kernels import INTERPRET
-from kernels._common import check_activations, check_device, on_gpu, pow2_at_least
+from kernels._common import check_activations, check_device, choose, on_gpu, pow2_at_least
 
 FP8_MAX = 448.0                 # largest finite E4M3 value
 FP8_MIN_CC = (8, 9)             # Ada; Hopper is 9.0, Blackwell 10.x and 12.x
@@ -130,6 +130,7 @@ _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, nu
                                           (64, 64, 128, 4, 4), (64, 128, 128, 4, 4),
                                           (128, 128, 128, 8, 3), (128, 256, 128, 8, 3),
                                           (128, 128, 64, 4, 4)]]
+_GEMM_DEFAULT = triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128}, num_warps=4, num_stages=4)
 _gemm = fp8_gemm_kernel if INTERPRET else triton.autotune(_GEMM_CONFIGS, key=["M", "N", "K"])(
     fp8_gemm_kernel)
 
@@ -210,13 +211,10 @@ def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, w_q: torch.Tensor, w_scale: tor
     y = torch.empty((M, N), dtype=out_dtype, device=xq.device)          # (M, N)
     if M == 0:
         return y
-    args = (xq, xs, w_q, ws, y, M, N, K, xq.stride(0), w_q.stride(0), y.stride(0))
-    if on_gpu():
-        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
-        _gemm[grid](*args)
-    else:
-        bm, bn, bk = pow2_at_least(M, 16, 32), 32, 32
-        _gemm[(triton.cdiv(M, bm), triton.cdiv(N, bn))](*args, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+    interp = {"BLOCK_M": pow2_at_least(M, 16, 32), "BLOCK_N": 32, "BLOCK_K": 32}
+    kernel, meta = choose(_gemm, fp8_gemm_kernel, _GEMM_DEFAULT, interp)
+    grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]), triton.cdiv(N, m["BLOCK_N"]))  # noqa: E731
+    kernel[grid](xq, xs, w_q, ws, y, M, N, K, xq.stride(0), w_q.stride(0), y.stride(0), **meta)
     return y
 
 

@@ -44,8 +44,8 @@ import triton
 import triton.language as tl
 
 from kernels import INTERPRET
-from kernels._common import (GEMV_MAX_M, check_activations, check_device, gemv_plan,
-                             on_gpu, pow2_at_least)
+from kernels._common import (GEMV_MAX_M, check_activations, check_device, choose, gemv_plan,
+                             pow2_at_least)
 
 GROUP_SIZES = (32, 64, 128)
 
@@ -196,6 +196,8 @@ _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_
                  for bm, bn, w, s in [(16, 16, 2, 4), (16, 32, 4, 4), (16, 64, 4, 4),
                                       (32, 64, 4, 4), (64, 64, 4, 4),
                                       (64, 128, 4, 4), (128, 128, 8, 3), (128, 256, 8, 3)]]
+_GEMV_DEFAULT = triton.Config({"GPI": 2, "DEFER_SUM": False}, num_warps=4, num_stages=3)
+_GEMM_DEFAULT = triton.Config({"BLOCK_M": 16, "BLOCK_N": 64}, num_warps=4, num_stages=4)
 if INTERPRET:
     _gemv, _gemm = w4a16_gemv_kernel, w4a16_gemm_kernel
 else:
@@ -292,21 +294,19 @@ def w4a16_linear(x: torch.Tensor, wt: W4A16Weight, *, block_n: int | None = None
         y = (torch.zeros((M, N), dtype=torch.float32, device=x.device) if sk > 1
              else torch.empty((M, N), dtype=x.dtype, device=x.device))        # (M, N)
         grid = (M, triton.cdiv(N, bn), sk)
-        meta = {} if on_gpu() else {"GPI": gpi or 2, "DEFER_SUM": defer_sum}
-        _gemv[grid](x2, packed, scale, zero, y, M, N, K, x2.stride(0), packed.stride(0),
-                    scale.stride(0), y.stride(0), GROUP=G, BLOCK_N=bn, SPLIT_K=sk,
-                    HAS_ZERO=has_zero, **meta)
+        kernel, meta = choose(_gemv, w4a16_gemv_kernel, _GEMV_DEFAULT,
+                              {"GPI": gpi or 2, "DEFER_SUM": defer_sum})
+        kernel[grid](x2, packed, scale, zero, y, M, N, K, x2.stride(0), packed.stride(0),
+                     scale.stride(0), y.stride(0), GROUP=G, BLOCK_N=bn, SPLIT_K=sk,
+                     HAS_ZERO=has_zero, **meta)
         return y.to(x.dtype).reshape(out_shape)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)                   # (M, N)
-    args = (x2, packed, scale, zero, y, M, N, K, x2.stride(0), packed.stride(0),
-            scale.stride(0), y.stride(0))
-    if on_gpu():
-        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
-        _gemm[grid](*args, GROUP=G, HAS_ZERO=has_zero, DOT_FP32=x.dtype == torch.float32)
-    else:
-        bm, bn = pow2_at_least(M, 16, 32), block_n or 32
-        _gemm[(triton.cdiv(M, bm), triton.cdiv(N, bn))](
-            *args, GROUP=G, BLOCK_M=bm, BLOCK_N=bn, HAS_ZERO=has_zero, DOT_FP32=True)
+    interp = {"BLOCK_M": pow2_at_least(M, 16, 32), "BLOCK_N": block_n or 32}
+    kernel, meta = choose(_gemm, w4a16_gemm_kernel, _GEMM_DEFAULT, interp)
+    grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]), triton.cdiv(N, m["BLOCK_N"]))  # noqa: E731
+    kernel[grid](x2, packed, scale, zero, y, M, N, K, x2.stride(0), packed.stride(0),
+                 scale.stride(0), y.stride(0), GROUP=G, HAS_ZERO=has_zero,
+                 DOT_FP32=INTERPRET or x.dtype == torch.float32, **meta)
     return y.reshape(out_shape)
 
 

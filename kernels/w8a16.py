@@ -36,8 +36,8 @@ import triton
 import triton.language as tl
 
 from kernels import INTERPRET
-from kernels._common import (GEMV_MAX_M, check_activations, check_device, gemv_plan,
-                             on_gpu, pow2_at_least)
+from kernels._common import (GEMV_MAX_M, check_activations, check_device, choose, gemv_plan,
+                             pow2_at_least)
 
 
 # ---------------------------------------------------------------------------- kernels
@@ -133,6 +133,8 @@ _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, nu
                                           (16, 64, 128, 4, 4), (32, 64, 128, 4, 4), (64, 64, 128, 4, 4),
                                           (64, 128, 64, 4, 4), (128, 128, 64, 8, 3),
                                           (128, 256, 64, 8, 3)]]
+_GEMV_DEFAULT = triton.Config({"BLOCK_K": 256}, num_warps=4, num_stages=3)  # autotune off
+_GEMM_DEFAULT = triton.Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4, num_stages=4)
 if INTERPRET:
     _gemv, _gemm = w8a16_gemv_kernel, w8a16_gemm_kernel
 else:
@@ -180,21 +182,16 @@ def w8a16_linear(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor, *,
         y = (torch.zeros((M, N), dtype=torch.float32, device=x.device) if sk > 1
              else torch.empty((M, N), dtype=x.dtype, device=x.device))        # (M, N)
         grid = (M, triton.cdiv(N, bn), sk)
-        meta = {} if on_gpu() else {"BLOCK_K": 32}
-        _gemv[grid](x2, w_q, scale, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
-                    BLOCK_N=bn, SPLIT_K=sk, **meta)
+        kernel, meta = choose(_gemv, w8a16_gemv_kernel, _GEMV_DEFAULT, {"BLOCK_K": 32})
+        kernel[grid](x2, w_q, scale, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
+                     BLOCK_N=bn, SPLIT_K=sk, **meta)
         return y.to(x.dtype).reshape(out_shape)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)                   # (M, N)
-    dot_fp32 = INTERPRET or x.dtype == torch.float32
-    if on_gpu():
-        grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(N, meta["BLOCK_N"]))  # noqa: E731
-        _gemm[grid](x2, w_q, scale, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
-                    DOT_FP32=dot_fp32)
-    else:
-        bm, bn, bk = pow2_at_least(M, 16, 32), block_n or 32, 32
-        grid = (triton.cdiv(M, bm), triton.cdiv(N, bn))
-        _gemm[grid](x2, w_q, scale, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
-                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_FP32=True)
+    interp = {"BLOCK_M": pow2_at_least(M, 16, 32), "BLOCK_N": block_n or 32, "BLOCK_K": 32}
+    kernel, meta = choose(_gemm, w8a16_gemm_kernel, _GEMM_DEFAULT, interp)
+    grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]), triton.cdiv(N, m["BLOCK_N"]))  # noqa: E731
+    kernel[grid](x2, w_q, scale, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
+                 DOT_FP32=INTERPRET or x.dtype == torch.float32, **meta)
     return y.reshape(out_shape)
 
 

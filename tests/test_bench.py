@@ -215,3 +215,17 @@ def test_layer_floor_and_speedup():
     assert bench.floor_speedup(4096, 28672, 8192, 8, 8192, fmt_tflops=1979) == pytest.approx(1979 / 989)
     with pytest.raises(ValueError, match="bandwidth"):
         bench.layer_floor_ms(1, 8, 8, bandwidth_gbps=0)
+
+
+def test_checkpoints_leave_partial_results(tmp_path):
+    seen = []
+
+    def checkpoint(partial):
+        seen.append((partial["partial"], len(partial["layers"])))
+        kbench.write_results(partial, tmp_path)
+
+    result = _tiny_run(kbench.cpu_backends(), checkpoint=checkpoint)
+    assert seen == [(True, 1), (True, 2), (True, 3)]
+    assert result["partial"] is False and result["decode"]["results"]
+    saved = kbench.load_results(next(tmp_path.glob("bench_*.json")))
+    assert saved["partial"] is True and len(saved["layers"]) == 3     # the last checkpoint
