@@ -46,7 +46,7 @@ def _jobs(arch: int, all_configs: bool):
                    dict(DOT_FP32=act == "*fp32", **cfg.kwargs), cfg.num_warps, cfg.num_stages, True)
         for group in ((32, 64, 128) if all_configs else (128,)):
             for has_zero in (False, True):
-                sig = dict(x_ptr=act, p_ptr="*u8", s_ptr="*fp32", z_ptr="*i32" if has_zero else "*fp32",
+                sig = dict(x_ptr=act, p_ptr="*u8", s_ptr="*fp16", z_ptr="*i32" if has_zero else "*fp32",
                            y_ptr=act, M=I, N=I, K=I, stride_xm=I, stride_pn=I, stride_sn=I, stride_ym=I)
                 for cfg in pick(w4a16._GEMV_CONFIGS):
                     yield ("w4a16_gemv", w4a16.w4a16_gemv_kernel, sig,

@@ -229,13 +229,19 @@ class W4A16Weight:
         return 2 * self.packed.shape[1]
 
     def nbytes(self) -> int:
-        """Bytes a kernel reads for this weight: codes, scales (as 16-bit) and zero points."""
-        n_scales = self.scale.numel()
-        return self.packed.numel() + 2 * n_scales + (n_scales if self.zero is not None else 0)
+        """Bytes a kernel reads for this weight: packed codes, scales and zero points."""
+        size = lambda t: 0 if t is None else t.numel() * t.element_size()  # noqa: E731
+        return size(self.packed) + size(self.scale) + size(self.zero)
 
 
-def quantize_weight(w: torch.Tensor, group_size: int = 128, symmetric: bool = True) -> W4A16Weight:
-    """Group-wise int4 round-to-nearest, packed two per byte (course_lib.quant)."""
+def quantize_weight(w: torch.Tensor, group_size: int = 128, symmetric: bool = True,
+                    scale_dtype: torch.dtype = torch.float16) -> W4A16Weight:
+    """Group-wise int4 round-to-nearest, packed two per byte (course_lib.quant).
+
+    Scales are stored in ``scale_dtype``, fp16 by default as GPTQ/AWQ checkpoints do: 4 +
+    16/128 = 4.125 bits per weight at group 128. The codes come from the fp32 scales, and
+    the kernel and ``dequantize_weight`` both use the stored ones.
+    """
     from course_lib import quant
 
     if group_size not in GROUP_SIZES:
@@ -244,7 +250,7 @@ def quantize_weight(w: torch.Tensor, group_size: int = 128, symmetric: bool = Tr
                         symmetric=symmetric)
     packed = quant.pack_int4(qt.q)                                      # (N, K/2) uint8
     zero = None if qt.zero is None else qt.zero.to(torch.int32)        # (N, K/G)
-    return W4A16Weight(packed, qt.scale.float(), zero, group_size)
+    return W4A16Weight(packed, qt.scale.to(scale_dtype), zero, group_size)
 
 
 def _check_weight(wt: W4A16Weight) -> None:

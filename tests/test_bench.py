@@ -175,7 +175,7 @@ def test_clone_makes_independent_weight_copies():
     copy = kbench._clone(wt)
     assert copy.packed is not wt.packed and torch.equal(copy.packed, wt.packed)
     assert copy.group_size == 32 and torch.equal(copy.zero, wt.zero)
-    assert kbench._state_bytes(wt) == 8 * 32 + 8 * 2 * 4 + 8 * 2 * 4     # uint8 + fp32 + int32
+    assert kbench._state_bytes(wt) == 8 * 32 + 8 * 2 * 2 + 8 * 2 * 4     # uint8 + fp16 + int32
     pair = (torch.zeros(3, dtype=torch.int8), torch.zeros(3))
     assert kbench._state_bytes(kbench._clone(pair)) == 3 + 12
 

@@ -53,10 +53,13 @@ def test_every_path(path, symmetric):
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_weight_round_trips_through_course_lib_quant(symmetric):
     _, wt, w = _case(1, 12, 128, 32, torch.float32, symmetric)
-    expected = quant.dequantize(quant.quantize(w, "int4", "per_group", 32, symmetric))
-    assert torch.equal(dequantize_weight(wt).cpu(), expected)
+    qt = quant.quantize(w, "int4", "per_group", 32, symmetric)
+    qt.scale = qt.scale.half().float()                                  # stored in fp16
+    assert torch.equal(dequantize_weight(wt).cpu(), quant.dequantize(qt))
     assert wt.packed.shape == (12, 64) and wt.packed.dtype == torch.uint8
-    assert wt.nbytes() == 12 * 64 + 2 * 12 * 4 + (0 if symmetric else 12 * 4)
+    assert wt.scale.dtype == torch.float16
+    assert wt.nbytes() == 12 * 64 + 2 * 12 * 4 + (0 if symmetric else 4 * 12 * 4)
+    assert 8 * quantize_weight(torch.randn(8, 1024)).nbytes() / (8 * 1024) == 4.125
 
 
 def test_nibble_order_low_then_high():
