@@ -19,6 +19,9 @@ import os
 
 from course_lib.device import ensure_triton_mode
 
+# Triton 3.9 warns on every GPU compile until this is set; 1 keeps its current default.
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
 if os.environ.get("COURSE_TRITON_AOT") == "1":
     # kernels.compile_check: compile for a GPU architecture ahead of time, launch nothing
     INTERPRET = False
