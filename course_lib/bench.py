@@ -26,6 +26,12 @@ from typing import Callable
 # separately by ``linear_bytes``).
 WEIGHT_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "fp8": 8, "int4": 4}
 
+# Linear layers of Llama 3.1 8B and of a 70B-class model: (name, K in, N out). Used by the
+# benchmark (``kernels.bench``) and the roofline widget (lessons 09-10).
+LAYERS_8B = [("8B q/o_proj", 4096, 4096), ("8B gate/up_proj", 4096, 14336),
+             ("8B down_proj", 14336, 4096), ("8B k/v_proj", 4096, 1024)]
+LAYERS_70B = [("70B q/o_proj", 8192, 8192), ("70B gate/up_proj", 8192, 28672)]
+
 
 # ---------------------------------------------------------------------------- timing
 
@@ -269,6 +275,6 @@ def plot_roofline(points, bandwidth_gbps: float, peak_tflops: float | None = Non
     return ax
 
 
-__all__ = ["time_gpu", "time_gpu_graph", "time_cpu", "compare_cpu", "median_ms", "linear_flops", "linear_bytes",
+__all__ = ["LAYERS_8B", "LAYERS_70B", "time_gpu", "time_gpu_graph", "time_cpu", "compare_cpu", "median_ms", "linear_flops", "linear_bytes",
            "arithmetic_intensity", "achieved_gbps", "achieved_tflops", "ridge_point",
            "roofline_tflops", "layer_floor_ms", "floor_speedup", "catalogue_gpu", "plot_roofline", "WEIGHT_BITS"]

@@ -42,10 +42,7 @@ from course_lib import bench
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = 1
 
-# (name, K in, N out)
-LAYERS_8B = [("8B q/o_proj", 4096, 4096), ("8B gate/up_proj", 4096, 14336),
-             ("8B down_proj", 14336, 4096), ("8B k/v_proj", 4096, 1024)]
-LAYERS_70B = [("70B q/o_proj", 8192, 8192), ("70B gate/up_proj", 8192, 28672)]
+LAYERS_8B, LAYERS_70B = bench.LAYERS_8B, bench.LAYERS_70B   # (name, K in, N out)
 BATCHES = (1, 4, 16, 64)
 PREFILL_M = 2048
 
