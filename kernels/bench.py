@@ -154,7 +154,8 @@ def time_layers(backends: list[Backend], layers, batches, timer: str, device: st
                 res[b.name] = {"ms": ms[b.name], "bytes": nbytes,
                                "gbps": bench.achieved_gbps(nbytes, ms[b.name]),
                                "tflops": bench.achieved_tflops(bench.linear_flops(M, N, K), ms[b.name]),
-                               "ratio_vs_baseline": ms[base] / ms[b.name]}
+                               "ratio_vs_baseline": ms[base] / ms[b.name],
+                               "ratio_vs_bf16": ms["bf16"] / ms[b.name] if "bf16" in ms else None}
                 res[b.name].update(extra.get(b.name, {}))
             rows.append({"layer": name, "K": K, "N": N, "M": M,
                          "phase": "decode" if M <= 64 else "prefill", "baseline": base,

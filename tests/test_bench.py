@@ -127,6 +127,7 @@ def test_run_cpu_backends_writes_json(tmp_path):
     assert [r["M"] for r in result["layers"]] == [1, 9, 16]
     row = result["layers"][0]
     assert row["results"]["fp32"]["ratio_vs_baseline"] == 1.0
+    assert row["results"]["bf16"]["ratio_vs_bf16"] == 1.0
     assert row["results"]["int8 (_weight_int8pack_mm)"]["bytes"] < row["results"]["fp32"]["bytes"]
     assert set(result["decode"]["results"]) == {b.name for b in kbench.cpu_backends()}
     gpu_targets = [t for t in result["targets"] if not t["id"].startswith("cpu_")]
