@@ -198,11 +198,13 @@ _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_
                                       (64, 128, 4, 4), (128, 128, 8, 3), (128, 256, 8, 3)]]
 _GEMV_DEFAULT = triton.Config({"GPI": 2, "DEFER_SUM": False}, num_warps=4, num_stages=3)
 _GEMM_DEFAULT = triton.Config({"BLOCK_M": 16, "BLOCK_N": 64}, num_warps=4, num_stages=4)
+# Split-K programs add into y: autotuning must leave it zero for the real call
+# (reset before each trial, restored after: safe across Triton versions).
 if INTERPRET:
     _gemv, _gemm = w4a16_gemv_kernel, w4a16_gemm_kernel
 else:
     _gemv = triton.autotune(_GEMV_CONFIGS, key=["M", "N", "K", "GROUP", "SPLIT_K"],
-                            reset_to_zero=["y_ptr"])(w4a16_gemv_kernel)
+                            reset_to_zero=["y_ptr"], restore_value=["y_ptr"])(w4a16_gemv_kernel)
     _gemm = triton.autotune(_GEMM_CONFIGS, key=["M", "N", "K", "GROUP"])(w4a16_gemm_kernel)
 
 

@@ -135,11 +135,13 @@ _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, nu
                                           (128, 256, 64, 8, 3)]]
 _GEMV_DEFAULT = triton.Config({"BLOCK_K": 256}, num_warps=4, num_stages=3)  # autotune off
 _GEMM_DEFAULT = triton.Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4, num_stages=4)
+# Split-K programs add into y: autotuning must leave it zero for the real call
+# (reset before each trial, restored after: safe across Triton versions).
 if INTERPRET:
     _gemv, _gemm = w8a16_gemv_kernel, w8a16_gemm_kernel
 else:
     _gemv = triton.autotune(_GEMV_CONFIGS, key=["M", "N", "K", "SPLIT_K"],
-                            reset_to_zero=["y_ptr"])(w8a16_gemv_kernel)
+                            reset_to_zero=["y_ptr"], restore_value=["y_ptr"])(w8a16_gemv_kernel)
     _gemm = triton.autotune(_GEMM_CONFIGS, key=["M", "N", "K"])(w8a16_gemm_kernel)
 
 
