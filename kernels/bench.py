@@ -79,9 +79,14 @@ def _cpu_int4_prepare(w, group_size=128):
     return packed, sz.to(torch.bfloat16).contiguous(), group_size
 
 
-def cpu_backends() -> list[Backend]:
-    """fp32 (baseline), bf16, and torch's weight-only int8 and int4 CPU kernels."""
-    return [
+def cpu_backends(probe: bool = True, log=print) -> list[Backend]:
+    """fp32 (baseline), bf16, and torch's weight-only int8 and int4 CPU kernels.
+
+    The two weight-only kernels are private torch ops that change between releases: with
+    ``probe`` each backend is first tried on a small layer against the fp32 result, and one
+    that fails or disagrees is left out with a note instead of stopping the lesson.
+    """
+    backends = [
         Backend("fp32", lambda w: w.float().contiguous(), lambda x, w: F.linear(x, w),
                 torch.float32, 32, None, baseline=True),
         Backend("bf16", lambda w: w.to(torch.bfloat16).contiguous(), lambda x, w: F.linear(x, w),
@@ -93,6 +98,33 @@ def cpu_backends() -> list[Backend]:
                 lambda x, st: torch.ops.aten._weight_int4pack_mm_for_cpu(x, st[0], st[2], st[1]),
                 torch.bfloat16, 4, 128),
     ]
+    return usable_backends(backends, log) if probe else backends
+
+
+def usable_backends(backends: list[Backend], log=print) -> list[Backend]:
+    """The backends that run on a small layer and agree with fp32 F.linear.
+
+    "Agree" allows for quantization: INT4 group-128 rounding alone gives about 12% relative
+    error on random weights, so the bar is 30%; a broken op is off by 100% or more.
+    """
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 256, generator=gen) / 16                       # (N, K)
+    x = torch.randn(2, 256, generator=gen)                              # (M, K)
+    exact = F.linear(x, w)                                              # (M, N)
+    out = []
+    for b in backends:
+        try:
+            y = b.apply(x.to(b.act_dtype), b.prepare(w)).float()
+            err = ((y - exact).norm() / exact.norm()).item()
+            if not err < 0.3:
+                raise ValueError(f"relative error {err:.3f} against fp32 F.linear")
+        except Exception as e:  # noqa: BLE001  (a private op missing or changed: say so, go on)
+            if b.baseline:
+                raise
+            log(f"  skipping {b.name}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+            continue
+        out.append(b)
+    return out
 
 
 def gpu_backends(with_fp8: bool) -> list[Backend]:

@@ -230,3 +230,19 @@ def test_checkpoints_leave_partial_results(tmp_path):
     assert result["partial"] is False and result["decode"]["results"]
     saved = kbench.load_results(next(tmp_path.glob("bench_*.json")))
     assert saved["partial"] is True and len(saved["layers"]) == 3     # the last checkpoint
+
+
+def test_broken_private_op_is_skipped_with_a_note():
+    good = kbench.cpu_backends(probe=False)
+    assert [b.name for b in kbench.usable_backends(good, log=lambda *a: None)] == [b.name for b in good]
+
+    def broken(x, st):
+        raise RuntimeError("aten::_weight_int4pack_mm_for_cpu: no such op")
+
+    wrong = kbench.Backend("wrong", lambda w: w, lambda x, w: 2 * (x @ w.T), torch.float32, 32, None)
+    missing = kbench.Backend("missing", lambda w: w, broken, torch.float32, 32, None)
+    notes = []
+    kept = kbench.usable_backends(good[:1] + [wrong, missing], log=notes.append)
+    assert [b.name for b in kept] == ["fp32"]
+    assert "skipping wrong: ValueError: relative error" in notes[0]
+    assert "skipping missing: RuntimeError" in notes[1]
