@@ -112,3 +112,17 @@ def unigram_bits_per_byte(train: bytes, test: bytes) -> float:
     counts = torch.bincount(to_tensor(train), minlength=256).double() + 1
     logp = (counts / counts.sum()).log2()
     return float(-logp[to_tensor(test)].mean())
+
+
+def compressor_bits_per_byte(text: bytes) -> dict[str, float]:
+    """Baselines: bits per byte of ``text`` compressed on its own by gzip -9, bzip2 -9, xz -9e.
+
+    A general-purpose compressor is also a (adaptive) predictive model of the bytes, so its output
+    size is a fair yardstick for a language model's bits per byte (lesson 04).
+    """
+    import bz2
+    import gzip
+    import lzma
+    sizes = {"gzip -9": len(gzip.compress(text, 9)), "bzip2 -9": len(bz2.compress(text, 9)),
+             "xz -9e": len(lzma.compress(text, preset=9 | lzma.PRESET_EXTREME))}
+    return {k: 8 * v / len(text) for k, v in sizes.items()}

@@ -7,8 +7,8 @@ Every variant of a model is scored on *the same* token ids cut into *the same* w
 - :func:`reference` + :func:`compare`: KL divergence KL(reference || variant) of the next-token
   distributions (nats per token) and top-1 agreement (how often both pick the same next token);
   these separate quantization methods far better than bits per byte does;
-- :func:`line_completion_accuracy`: a small task metric, greedy exact-match completion of the
-  second half of held-out code lines.
+- :func:`completion_accuracy`: a small task metric, greedy exact-match completion of held-out
+  Python identifiers (or, harder, of the second half of code lines).
 
 Windows are non-overlapping: window i feeds tokens [i*W, (i+1)*W) and predicts [i*W+1, (i+1)*W+1).
 """
@@ -139,39 +139,59 @@ def compare(model, ref: Reference, batch_size: int = 32) -> dict:
 
 
 # ----------------------------------------------------------------------------- task metric
-def completion_cases(text: bytes, n_lines: int = 64, prompt_bytes: int = 128,
-                     min_line: int = 24, max_target: int = 24, seed: int = 0):
-    """Pick code lines from ``text``: prompt = the ``prompt_bytes`` bytes before the middle of the
-    line, target = the rest of the line (at most ``max_target`` bytes). Fixed by ``seed``."""
+UNITS = ("identifier", "line")
+
+
+def completion_cases(text: bytes, n: int = 128, prompt_bytes: int = 128, unit: str = "identifier",
+                     seed: int = 0, min_len: int = 5, keep: int = 2, max_target: int = 24):
+    """Fixed (prompt, target) pairs cut from ``text`` (seeded choice of ``n`` of them).
+
+    unit="identifier": a Python name of at least ``min_len`` characters; the prompt is the
+    ``prompt_bytes`` bytes ending after its first ``keep`` characters, the target the rest of
+    the name. unit="line": the target is the second half of a code line (at most ``max_target``
+    bytes), the prompt the bytes before it (much harder: a small model rarely gets a whole
+    half-line right).
+    """
+    import re
     if isinstance(text, str):
         text = text.encode("utf-8")
-    cands, pos = [], 0
-    for line in text.split(b"\n"):
-        stripped = line.strip()
-        if len(stripped) >= min_line and not stripped.startswith(b"#"):
-            cut = pos + (len(line) - len(stripped)) + len(stripped) // 2  # middle of the code
-            end = pos + len(line)
-            if cut >= prompt_bytes:
-                cands.append((cut, min(end, cut + max_target)))
-        pos += len(line) + 1
+    if unit not in UNITS:
+        raise ValueError(f"unknown unit {unit!r}; known: {', '.join(UNITS)}")
+    cands = []
+    if unit == "identifier":
+        for mt in re.finditer(rb"[A-Za-z_][A-Za-z0-9_]*", text):
+            cut = mt.start() + keep
+            if mt.end() - mt.start() >= min_len and cut >= prompt_bytes:
+                cands.append((cut, mt.end()))
+    else:
+        pos = 0
+        for line in text.split(b"\n"):
+            stripped = line.strip()
+            if len(stripped) >= 24 and not stripped.startswith(b"#"):
+                cut = pos + (len(line) - len(stripped)) + len(stripped) // 2
+                if cut >= prompt_bytes:
+                    cands.append((cut, min(pos + len(line), cut + max_target)))
+            pos += len(line) + 1
     if not cands:
-        raise ValueError("no code line long enough for the completion task in this text")
+        raise ValueError(f"no {unit} in this text is long enough for the completion task "
+                         f"(after the first {prompt_bytes} bytes)")
     g = torch.Generator().manual_seed(seed)
-    pick = torch.randperm(len(cands), generator=g)[:n_lines].sort().values
+    pick = torch.randperm(len(cands), generator=g)[:n].sort().values
     return [(text[cands[i][0] - prompt_bytes:cands[i][0]], text[cands[i][0]:cands[i][1]])
             for i in pick.tolist()]
 
 
 @torch.no_grad()
-def line_completion_accuracy(model, text: bytes, n_lines: int = 64, prompt_bytes: int = 128,
-                             seed: int = 0) -> float:
-    """Fraction of held-out code lines whose second half the model completes exactly (greedy).
+def completion_accuracy(model, text: bytes, n: int = 128, prompt_bytes: int = 128,
+                        unit: str = "identifier", seed: int = 0) -> float:
+    """A small task metric (lesson 04): the fraction of held-out identifiers (or line halves)
+    the model completes exactly, greedily, from the bytes before them.
 
     Byte-level models only (the bundled model). All prompts have the same length, so they run
     as one batch with the KV cache.
     """
     from course_lib.model import generate
-    cases = completion_cases(text, n_lines, prompt_bytes, seed=seed)
+    cases = completion_cases(text, n, prompt_bytes, unit, seed)
     prompts = torch.stack([as_ids(p) for p, _ in cases])                    # (n, P)
     longest = max(len(t) for _, t in cases)
     out = generate(model, prompts, longest)[:, prompt_bytes:]              # (n, longest)

@@ -66,6 +66,10 @@ def main(argv=None):
     ap.add_argument("--ffn", type=int, default=None)
     ap.add_argument("--eval-every", type=int, default=400)
     ap.add_argument("--out", default=str(BUNDLED_DIR))
+    ap.add_argument("--limit-files", type=int, default=None,
+                    help="train on only the first N training files (quick tests)")
+    ap.add_argument("--eval-bytes", type=int, default=None,
+                    help="evaluate on only the first N bytes of the held-out text (quick tests)")
     ap.add_argument("--keep-eval-text", action="store_true")
     ap.add_argument("--eval-text-only", action="store_true",
                     help="only (re)write the bundled held-out evaluation text")
@@ -80,9 +84,9 @@ def main(argv=None):
         return
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    train_bytes = data.read_bytes(train_paths)
+    train_bytes = data.read_bytes(train_paths[:args.limit_files])
     corpus = data.to_tensor(train_bytes)
-    eval_ids = data.to_tensor(data.heldout_text())
+    eval_ids = data.to_tensor(data.heldout_text(args.eval_bytes))
 
     cfg = ModelConfig()
     if args.dim:
@@ -147,7 +151,7 @@ def main(argv=None):
     from course_lib.model import load_pretrained
     ref = load_pretrained(out)
     bpb = heldout_bpb(ref, eval_ids, ctx)
-    uni = data.unigram_bits_per_byte(train_bytes, data.heldout_text())
+    uni = data.unigram_bits_per_byte(train_bytes, data.heldout_text(args.eval_bytes))
     log(f"final held-out {bpb:.4f} bits/byte (bf16 weights in fp32); unigram baseline {uni:.4f}; "
         f"training {train_s / 60:.1f} min")
     metrics = {
