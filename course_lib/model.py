@@ -176,7 +176,9 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)    # (B, H, T, hd)
         else:  # new token i (absolute position past+i) may see cached positions <= past+i
             S = k.shape[2]
-            mask = torch.arange(S)[None, :] <= (past + torch.arange(T))[:, None]  # (T, S)
+            cols = torch.arange(S, device=q.device)[None, :]               # (1, S) key positions
+            rows = past + torch.arange(T, device=q.device)[:, None]        # (T, 1) query positions
+            mask = cols <= rows                                            # (T, S)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)    # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, self.H * self.hd)             # (B, T, H*hd)
         return self.o_proj(y)                                              # (B, T, D)
@@ -255,7 +257,7 @@ class LlamaModel(nn.Module):
 
     def rope(self, start: int, T: int):
         """cos, sin tables for positions start..start+T-1, each (T, hd)."""
-        pos = torch.arange(start, start + T, dtype=torch.float32)
+        pos = torch.arange(start, start + T, dtype=torch.float32, device=self.inv_freq.device)
         ang = pos[:, None] * self.inv_freq[None, :]                    # (T, hd/2)
         ang = torch.cat([ang, ang], dim=-1)                            # (T, hd)
         return ang.cos(), ang.sin()
@@ -303,7 +305,7 @@ def generate(model: LlamaModel, ids: torch.Tensor, max_new_tokens: int,
         ids = ids[None]
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy); got {temperature}")
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=ids.device).manual_seed(seed)
     cache = KVCache(model.config.num_hidden_layers)
     logits = model(ids, cache)[:, -1]                                  # (B, V)
     out = [ids]
