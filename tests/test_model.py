@@ -187,3 +187,13 @@ def test_training_script_runs_and_writes_a_loadable_checkpoint(tmp_path):
     m = M.load_pretrained(tmp_path)
     assert m.config.hidden_size == 256
     assert "step     2" in (tmp_path / "train_log.txt").read_text()
+
+
+def test_bundled_checkpoint_is_a_real_hf_checkpoint():
+    """transformers reads the bundled folder as it is and computes the same logits."""
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.LlamaForCausalLM.from_pretrained(str(M.BUNDLED_DIR)).float().eval()
+    ours = M.load_pretrained()
+    ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(hf(ids).logits, ours(ids), atol=1e-4)
