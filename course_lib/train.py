@@ -8,8 +8,9 @@ the machine is): AdamW, linear warm-up then cosine decay, batch 16 x 256 bytes.
 
 Writes to ``course_lib/data/tiny_stdlib/`` (or ``--out``): ``config.json`` and
 ``model.safetensors`` (bf16, HF layout), ``train_log.txt`` and ``metrics.json`` (training time,
-held-out bits per byte, unigram baseline). Also rewrites ``course_lib/data/heldout_eval.txt``
-(the bundled evaluation text) unless ``--keep-eval-text``. Lesson 04 explains the result.
+held-out bits per byte, unigram baseline). The bundled evaluation text
+``course_lib/data/heldout_eval.txt`` is kept as it is (so every machine evaluates the same
+bytes) unless ``--rewrite-eval-text``. Lesson 04 explains the result.
 """
 from __future__ import annotations
 
@@ -70,14 +71,16 @@ def main(argv=None):
                     help="train on only the first N training files (quick tests)")
     ap.add_argument("--eval-bytes", type=int, default=None,
                     help="evaluate on only the first N bytes of the held-out text (quick tests)")
-    ap.add_argument("--keep-eval-text", action="store_true")
+    ap.add_argument("--rewrite-eval-text", action="store_true",
+                    help="rebuild the bundled held-out evaluation text from this machine's stdlib "
+                         "(changes what every lesson evaluates on: only for a new release)")
     ap.add_argument("--eval-text-only", action="store_true",
                     help="only (re)write the bundled held-out evaluation text")
     args = ap.parse_args(argv)
 
     train_paths, held_paths = data.split()
     data.DATA_DIR.mkdir(parents=True, exist_ok=True)
-    if not args.keep_eval_text or not data.HELDOUT_FILE.exists():
+    if args.rewrite_eval_text or args.eval_text_only or not data.HELDOUT_FILE.exists():
         data.HELDOUT_FILE.write_bytes(data.make_eval_text(held_paths))
     if args.eval_text_only:
         print(f"wrote {data.HELDOUT_FILE} ({data.HELDOUT_FILE.stat().st_size} bytes)")

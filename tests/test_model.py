@@ -177,7 +177,7 @@ def test_training_script_runs_and_writes_a_loadable_checkpoint(tmp_path):
     from course_lib import train
     before = (M.BUNDLED_DIR.parent / "heldout_eval.txt").read_bytes()
     metrics = train.main(["--steps", "3", "--batch", "2", "--limit-files", "5",
-                          "--eval-bytes", "1025", "--eval-every", "0", "--keep-eval-text",
+                          "--eval-bytes", "1025", "--eval-every", "0",
                           "--out", str(tmp_path)])
     assert (M.BUNDLED_DIR.parent / "heldout_eval.txt").read_bytes() == before
     assert {"config.json", "model.safetensors", "metrics.json", "train_log.txt"} <= \
