@@ -33,6 +33,13 @@ def test_no_outputs_committed(path):
     assert not dirty, f"{path.name}: code cells {dirty} have outputs; clear them before committing"
 
 
+@pytest.mark.parametrize("path", ALL, ids=lambda p: str(p.relative_to(ROOT)))
+def test_cells_have_unique_ids(path):
+    ids = [c.get("id") for c in _cells(path)]
+    assert None not in ids and len(set(ids)) == len(ids), \
+        f"{path.name}: every cell needs a unique id (nbformat 4.5); tools/py2nb.py writes them"
+
+
 def test_exercises_in_sync_with_solutions():
     stale = stale_exercises()
     assert not stale, f"exercises/ is stale: {stale}; run `make exercises`"
