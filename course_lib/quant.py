@@ -641,19 +641,31 @@ def dequantize_nf4(qt: QTensor):
 # ---------------------------------------------------------------- error metrics (lesson 02)
 
 
+def _same_shape(reference, approx, what: str):
+    """Both as numpy arrays; raise if their shapes differ (numpy would broadcast silently)."""
+    r, a = to_numpy(reference), to_numpy(approx)
+    if r.shape != a.shape:
+        raise ValueError(f"{what}: reference has shape {r.shape} but approx has shape {a.shape}; "
+                         f"compare a tensor with its own dequantized copy (same shape), e.g. "
+                         f"reshape one of them")
+    return r, a
+
+
 def mae(reference, approx) -> float:
     """Mean absolute error (lesson 02)."""
-    return float(np.mean(np.abs(to_numpy(reference) - to_numpy(approx))))
+    r, a = _same_shape(reference, approx, "mae")
+    return float(np.mean(np.abs(r - a)))
 
 
 def rmse(reference, approx) -> float:
     """Root-mean-square error (lesson 02)."""
-    return float(np.sqrt(np.mean((to_numpy(reference) - to_numpy(approx)) ** 2)))
+    r, a = _same_shape(reference, approx, "rmse")
+    return float(np.sqrt(np.mean((r - a) ** 2)))
 
 
 def relative_rms_error(reference, approx) -> float:
     """||ref - approx|| / ||ref|| (a fraction; x100 for %) (lessons 02-03)."""
-    r, a = to_numpy(reference), to_numpy(approx)
+    r, a = _same_shape(reference, approx, "relative_rms_error")
     denom = float(np.sqrt(np.sum(r ** 2)))
     num = float(np.sqrt(np.sum((r - a) ** 2)))
     if denom == 0.0:

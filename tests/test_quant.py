@@ -460,3 +460,12 @@ def test_playground_widget_updates():
     assert "nf4" in box.summary.value and box.controls["bits"].disabled
     box.controls["fmt"].value = "fp8_e4m3"
     assert box.stats["sqnr_db"] > 20
+
+
+def test_metrics_reject_mismatched_shapes():
+    # (8,) against (8, 1) would broadcast to (8, 8) and give a wrong number silently
+    r = np.arange(8.0)
+    for fn in (Q.mae, Q.rmse, Q.relative_rms_error):
+        with pytest.raises(ValueError, match=r"shape \(8,\).*shape \(8, 1\)"):
+            fn(r, r[:, None])
+    assert Q.mae(r, torch.tensor(r)) == 0.0
