@@ -213,6 +213,10 @@ def absmax_scale(x, qmax: float, axis=None):
     nothing divides by zero.
     """
     x = _as_array(x)
+    _check_finite(x)
+    if not qmax > 0:
+        raise ValueError(f"qmax must be the format's largest level, a positive number "
+                         f"(127 for INT8, 7 for INT4, 6 for FP4); got {qmax!r}")
     if axis is None:
         m = abs(x).max()
         return float(m) / qmax if not _is_torch(x) else m / qmax
@@ -252,6 +256,9 @@ def zero_point(x_min: float, x_max: float, bits: int = 4):
         raise ValueError(f"zero_point needs a finite range, got {x_min}..{x_max}")
     if x_min > x_max:
         raise ValueError(f"x_min {x_min} is larger than x_max {x_max}: swap them")
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 16:
+        raise ValueError(f"bits must be a whole number of bits from 1 to 16 (e.g. 4 or 8); "
+                         f"got {bits!r}")
     scale, zero = _minmax_params(np.float64(x_min), np.float64(x_max), bits)
     return float(scale), int(zero)
 
@@ -302,7 +309,7 @@ def _group_size_for(shape, granularity: str, group_size):
                              f"{granularity!r}; use granularity='per_group' for groups")
         return last
     gs = 128 if group_size is None else group_size
-    if not isinstance(gs, (int, np.integer)) or gs <= 0:
+    if isinstance(gs, bool) or not isinstance(gs, (int, np.integer)) or gs <= 0:
         raise ValueError(f"group_size must be a positive integer, got {gs!r}")
     if last % gs != 0:
         divs = divisors(last)

@@ -469,3 +469,26 @@ def test_metrics_reject_mismatched_shapes():
         with pytest.raises(ValueError, match=r"shape \(8,\).*shape \(8, 1\)"):
             fn(r, r[:, None])
     assert Q.mae(r, torch.tensor(r)) == 0.0
+
+
+def test_absmax_scale_rejects_nan_and_bad_qmax():
+    with pytest.raises(ValueError, match="1 non-finite"):
+        Q.absmax_scale(np.array([1.0, np.nan]), 127)
+    with pytest.raises(ValueError, match="1 non-finite"):
+        Q.absmax_scale(torch.tensor([1.0, float("inf")]), 127)
+    for qmax in (0, -7):
+        with pytest.raises(ValueError, match="qmax must be"):
+            Q.absmax_scale(np.array([1.0, 2.0]), qmax)
+    assert Q.absmax_scale(np.array([0.5, -1.4]), 7) == pytest.approx(0.2)
+
+
+def test_zero_point_rejects_bad_bits():
+    for bits in (0, 4.5, True, 17):
+        with pytest.raises(ValueError, match="bits must be"):
+            Q.zero_point(-0.4, 1.1, bits)
+    assert Q.zero_point(-0.4, 1.1, np.int64(4)) == (pytest.approx(0.1), 4)
+
+
+def test_group_size_true_is_not_one():
+    with pytest.raises(ValueError, match="group_size must be a positive integer"):
+        Q.quantize(np.ones((2, 8)), "int4", "per_group", True)
