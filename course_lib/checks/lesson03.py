@@ -158,11 +158,14 @@ def _mx_cases():
     b2[:3] = [0.9, -0.2, 0.05]
     b4 = (rng.normal(size=32) * 0.02).astype(np.float32)
     b5 = np.linspace(-4.0, 4.0, 32).astype(np.float32)
+    b6 = np.zeros(32, dtype=np.float32)
+    b6[:3] = [-3.0, 0.5, 1.0]
     return [
         Case((b1,), label="max 7: exponent floor(log2 7) - 2 = 0, 7 saturates to 6"),
         Case((b2,), label="max 0.9: scale 2**-3"),
         Case((b4,), label="32 small random weights"),
         Case((b5,), label="max exactly 4.0, a power of two"),
+        Case((b6,), label="largest magnitude is negative (-3.0): use max|x|"),
         Case((np.zeros(32, dtype=np.float32),), label="all zeros (scale 1.0)"),
         Case((np.ones(20, dtype=np.float32),), label="20 values: raise ValueError",
              raises=ValueError),
@@ -205,6 +208,13 @@ def _wrong_mx_emax(block):  # subtracts 1 instead of E2M1's largest exponent, 2
     return float(scale), _e2m1(block / scale)
 
 
+def _wrong_mx_signed_max(block):  # max(x) instead of max(|x|): misses a negative peak
+    _mx_guard(block)
+    amax = float(np.max(block))
+    scale = 2.0 ** (np.floor(np.log2(amax)) - 2) if amax > 0 else 1.0
+    return float(scale), _e2m1(block / scale)
+
+
 register(Exercise(
     id="03.mxfp4_block",
     title="quantize one MXFP4 block",
@@ -215,5 +225,6 @@ register(Exercise(
           "scale = 2.0**exponent (1.0 for an all-zero block); elements = E2M1(x / scale) "
           "saturated to +-6: clip, then course_lib.formats.round_to_format(..., 'fp4_e2m1'). "
           "Return (scale as a float, elements as float32)."),
-    wrong=[_wrong_mx_fit_rule, _wrong_mx_not_pow2, _wrong_mx_int_grid, _wrong_mx_emax],
+    wrong=[_wrong_mx_fit_rule, _wrong_mx_not_pow2, _wrong_mx_int_grid, _wrong_mx_emax,
+           _wrong_mx_signed_max],
 ))
