@@ -72,6 +72,14 @@ def _wrong_decode_subnormal_exponent_minus7(byte):
     return -v if s else v
 
 
+def _wrong_decode_only_7f_nan(byte):
+    s, e, m = _e4m3_fields(byte)
+    if byte == 0x7F:                               # forgets the negative NaN, 0xFF
+        return math.nan
+    v = (1 + m / 8) * 2.0 ** (e - 7) if e else m / 8 * 2.0 ** -6
+    return -v if s else v
+
+
 register(Exercise(
     id="01.decode_e4m3",
     title="decode one FP8 E4M3 byte",
@@ -86,6 +94,7 @@ register(Exercise(
         Case((0x00,), label="zero"),
         Case((0x78,), label="0x78 = 256: an all-ones exponent is still a number"),
         Case((0x7F,), label="0x7F: NaN, not inf"),
+        Case((0xFF,), label="0xFF: NaN as well (sign bit set), not -480"),
         Case((0x4D,), label="0x4D"),
     ],
     hint="split the byte into s (1 bit), e (4 bits), m (3 bits); e > 0: (1 + m/8) * 2^(e - 7); "
@@ -93,7 +102,7 @@ register(Exercise(
          "negate when s is 1",
     wrong=[_wrong_decode_no_bias, _wrong_decode_no_subnormals, _wrong_decode_ieee_specials,
            _wrong_decode_7f_is_inf, _wrong_decode_ignores_sign,
-           _wrong_decode_subnormal_exponent_minus7],
+           _wrong_decode_subnormal_exponent_minus7, _wrong_decode_only_7f_nan],
 ))
 
 
