@@ -70,6 +70,26 @@ def targets(ids, window: int = 256) -> torch.Tensor:
     return make_windows(ids, window)[:, 1:].reshape(-1)
 
 
+def _check_logprobs(lp: torch.Tensor, what: str = "lp") -> None:
+    """Raise unless every row of lp (N, V) is a log-probability vector (logsumexp ~ 0).
+
+    Raw logits (a very easy thing to pass by mistake) give a plausible-looking but wrong
+    cross-entropy or KL, so they are refused here; -inf (probability 0) is allowed, NaN is not.
+    """
+    if lp.numel() == 0:
+        return
+    lpf = lp.detach().double()
+    if bool(torch.isnan(lpf).any()) or bool((lpf == math.inf).any()):
+        raise ValueError(f"{what} holds NaN or +inf: a log-probability is at most 0; check the "
+                         f"model's logits for overflow before comparing")
+    lse = torch.logsumexp(lpf, -1)                                           # (N,)
+    worst = float(lse.abs().max())
+    if worst > 1e-2:
+        raise ValueError(f"{what} rows are not log-probabilities: logsumexp over the vocabulary "
+                         f"should be 0, got up to {worst:.3g} in size. Pass "
+                         f"torch.log_softmax(logits, -1), not raw logits")
+
+
 def bits_from_logprobs(lp: torch.Tensor, tgt: torch.Tensor, bytes_per_token: float = 1.0
                        ) -> float:
     """Bits per byte from next-token log-probs (N, V) (natural log) and targets (N,) (lesson 04).
@@ -84,6 +104,7 @@ def bits_from_logprobs(lp: torch.Tensor, tgt: torch.Tensor, bytes_per_token: flo
     if tgt.numel() and (int(tgt.min()) < 0 or int(tgt.max()) >= lp.shape[1]):
         raise ValueError(f"targets span [{int(tgt.min())}, {int(tgt.max())}] but there are only "
                          f"{lp.shape[1]} log-probs per position")
+    _check_logprobs(lp)
     nll = -lp.gather(1, tgt.long()[:, None]).mean()                          # nats / token
     return float(nll) / math.log(2) / bytes_per_token
 
@@ -125,6 +146,8 @@ def kl_and_top1(ref_lp: torch.Tensor, lp: torch.Tensor) -> tuple[float, float]:
     """
     if ref_lp.shape != lp.shape:
         raise ValueError(f"log-prob shapes differ: {tuple(ref_lp.shape)} vs {tuple(lp.shape)}")
+    _check_logprobs(ref_lp, "ref_lp")
+    _check_logprobs(lp, "lp")
     kl = (ref_lp.exp() * (ref_lp - lp)).sum(-1).mean()                      # nats / token
     top1 = (ref_lp.argmax(-1) == lp.argmax(-1)).float().mean()
     return float(kl), float(top1)

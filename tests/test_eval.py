@@ -163,3 +163,20 @@ def test_baselines():
     assert 3.5 < uni < 6.0
     comp = data.compressor_bits_per_byte(text)
     assert set(comp) == {"gzip -9", "bzip2 -9", "xz -9e"} and all(1 < v < uni for v in comp.values())
+
+
+def test_raw_logits_and_nan_are_refused():
+    logits = torch.randn(20, 9) * 3 + 2                                     # (20, 9) not normalised
+    tgt = torch.randint(0, 9, (20,))
+    lp = torch.log_softmax(logits, -1)
+    with pytest.raises(ValueError, match="not log-probabilities.*log_softmax"):
+        E.bits_from_logprobs(logits, tgt)
+    with pytest.raises(ValueError, match="lp rows are not log-probabilities"):
+        E.kl_and_top1(lp, logits)
+    bad = lp.clone()
+    bad[3, 4] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        E.kl_and_top1(lp, bad)
+    # a probability of exactly 0 (-inf) is a valid log-probability
+    p = torch.tensor([[0.5, 0.5, 0.0]]).log()
+    assert E.bits_from_logprobs(p, torch.tensor([0])) == pytest.approx(1.0)
