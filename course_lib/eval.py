@@ -148,7 +148,9 @@ def kl_and_top1(ref_lp: torch.Tensor, lp: torch.Tensor) -> tuple[float, float]:
         raise ValueError(f"log-prob shapes differ: {tuple(ref_lp.shape)} vs {tuple(lp.shape)}")
     _check_logprobs(ref_lp, "ref_lp")
     _check_logprobs(lp, "lp")
-    kl = (ref_lp.exp() * (ref_lp - lp)).sum(-1).mean()                      # nats / token
+    p = ref_lp.exp()                                                         # (N, V)
+    terms = torch.where(p > 0, p * (ref_lp - lp), torch.zeros_like(p))       # 0 ln 0 = 0
+    kl = terms.sum(-1).mean()                                                # nats / token
     top1 = (ref_lp.argmax(-1) == lp.argmax(-1)).float().mean()
     return float(kl), float(top1)
 

@@ -180,3 +180,12 @@ def test_raw_logits_and_nan_are_refused():
     # a probability of exactly 0 (-inf) is a valid log-probability
     p = torch.tensor([[0.5, 0.5, 0.0]]).log()
     assert E.bits_from_logprobs(p, torch.tensor([0])) == pytest.approx(1.0)
+
+
+def test_kl_counts_zero_reference_probability_as_zero():
+    p = torch.tensor([[0.5, 0.5, 0.0]]).log()                               # -inf is P = 0
+    q = torch.tensor([[0.4, 0.4, 0.2]]).log()
+    kl, _ = E.kl_and_top1(p, q)
+    assert kl == pytest.approx(math.log(0.5 / 0.4), rel=1e-6)               # was NaN (0 * -inf)
+    kl_inf, _ = E.kl_and_top1(q, p)                                         # Q = 0 where P > 0
+    assert kl_inf == math.inf
