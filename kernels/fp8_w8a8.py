@@ -241,6 +241,11 @@ def quantize_weight(w: torch.Tensor, fast: bool = False) -> tuple[torch.Tensor, 
     device (the benchmark uses it for 8B-sized stacks; a test checks both agree).
     """
     if fast:
+        if not bool(torch.isfinite(w).all()):
+            bad = int((~torch.isfinite(w)).sum())
+            raise ValueError(f"w holds {bad} NaN or inf value(s): their row's absmax scale would "
+                             f"be meaningless (a NaN row got scale 1.0); fix or replace them "
+                             f"(e.g. torch.nan_to_num) before quantizing")
         amax = w.float().abs().amax(dim=1)                                # (N,)
         scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
         q = (w.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX)         # (N, K)

@@ -107,3 +107,12 @@ def test_fast_weight_quantization_agrees_with_course_lib():
     q1, s1 = quantize_weight(w)
     q2, s2 = quantize_weight(w, fast=True)
     assert torch.equal(q1.float(), q2.float()) and torch.allclose(s1, s2, rtol=1e-7)
+
+
+def test_weight_quantization_refuses_nan_and_inf_on_both_paths():
+    for bad in (float("nan"), float("inf")):
+        w = torch.randn(4, 32)
+        w[1, 2] = bad
+        for fast in (False, True):                  # the fast path gave a NaN row scale 1.0
+            with pytest.raises(ValueError, match="NaN|non-finite"):
+                quantize_weight(w, fast=fast)
