@@ -189,7 +189,7 @@ def plot_spacing(names=("fp8_e4m3", "fp8_e5m2", "int8"), ax=None):
     """Relative gap between neighbours against magnitude, log-log (lesson 01). Returns ax.
 
     Integers have a fixed gap, so their relative gap falls as values grow; floats keep a
-    roughly constant relative gap (between 2^-M and 2^(1-M)) over their whole normal range.
+    roughly constant relative gap (between 2^-(M+1) and 2^-M) over their whole normal range.
     """
     import matplotlib.pyplot as plt
 
