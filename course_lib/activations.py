@@ -68,8 +68,16 @@ def channel_stats(acts: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Te
 
 def outlier_channels(absmax: torch.Tensor, ratio: float = 5.0) -> torch.Tensor:
     """Indices of channels whose max |x| exceeds ``ratio`` times the median channel's max."""
-    if ratio <= 0:
+    if not ratio > 0:
         raise ValueError(f"ratio must be positive; got {ratio}")
+    absmax = torch.as_tensor(absmax)
+    if absmax.dim() != 1 or absmax.numel() == 0:
+        raise ValueError(f"absmax must be a non-empty 1-D tensor, one max |x| per channel; got "
+                         f"shape {tuple(absmax.shape)} (for activations (tokens, channels) pass "
+                         f"x.abs().amax(dim=0))")
+    if not bool(torch.isfinite(absmax).all()) or bool((absmax < 0).any()):
+        raise ValueError("absmax must hold finite, non-negative values (max |x| per channel); "
+                         "got NaN, inf or a negative value: did you pass x.amax(0) without abs()?")
     med = absmax.median()
     return torch.nonzero(absmax > ratio * med).flatten()
 

@@ -1,5 +1,6 @@
 """course_lib.activations: hooks on Linear inputs, per-channel stats, outlier detection, plots."""
 import matplotlib
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -67,3 +68,15 @@ def test_plots_draw():
     assert len(ax.lines) == 4                            # two curves, two thresholds
     ax2 = A.plot_heatmap(x)
     assert ax2.images[0].get_array().shape == (50, 16)
+
+
+def test_outlier_channels_refuses_inputs_that_gave_silent_answers():
+    with pytest.raises(ValueError, match="1-D"):
+        A.outlier_channels(torch.ones(3, 4), 5.0)            # a (tokens, channels) matrix
+    with pytest.raises(ValueError, match="1-D"):
+        A.outlier_channels(torch.tensor([]), 5.0)
+    with pytest.raises(ValueError, match="finite, non-negative"):
+        A.outlier_channels(torch.tensor([1.0, float("nan"), 1.0, 50.0]), 5.0)   # gave []
+    with pytest.raises(ValueError, match="abs"):
+        A.outlier_channels(torch.tensor([1.0, -60.0, 1.0, 50.0]), 5.0)          # signed max
+    assert A.outlier_channels(np.array([1.0, 1.0, 1.0, 50.0]), 5.0).tolist() == [3]
