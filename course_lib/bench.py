@@ -18,6 +18,7 @@ catalogue ``course_lib.hardware`` (neither is duplicated here).
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Callable
@@ -151,6 +152,11 @@ def linear_bytes(M: int, N: int, K: int, weight_bits: float = 16, act_bytes: flo
             raise ValueError(f"{name} must be a positive whole number, got {v!r}")
     if weight_bits <= 0:
         raise ValueError(f"weight_bits must be positive, got {weight_bits}")
+    if group_size is not None and (isinstance(group_size, bool) or int(group_size) != group_size
+                                   or group_size < 1 or K % group_size):
+        raise ValueError(f"group_size {group_size!r} must be a positive whole number that divides "
+                         f"K = {K} (one scale per group of inputs); per-channel scales are "
+                         f"group_size=K, no scales group_size=None")
     weights = N * K * weight_bits / 8
     scales = 0.0 if group_size is None else N * (K / group_size) * scale_bytes
     return weights + scales + M * K * act_bytes + M * N * out_bytes
@@ -198,8 +204,11 @@ def layer_floor_ms(M: int, N: int, K: int, weight_bits: float = 16, group_size: 
     rate of the maths the format runs (BF16 for weight-only formats, FP8 for FP8 W8A8);
     None ignores compute (a CPU, whose peak we do not catalogue). Defaults: an H100 SXM.
     """
-    if bandwidth_gbps <= 0:
-        raise ValueError(f"bandwidth_gbps must be positive, got {bandwidth_gbps}")
+    if not 0 < bandwidth_gbps < math.inf:
+        raise ValueError(f"bandwidth_gbps must be a positive number, got {bandwidth_gbps}")
+    if peak_tflops is not None and not 0 < peak_tflops < math.inf:
+        raise ValueError(f"peak_tflops must be a positive number, or None to ignore compute; "
+                         f"got {peak_tflops}")
     t_mem = linear_bytes(M, N, K, weight_bits, group_size=group_size) / (bandwidth_gbps * 1e9)
     t_flop = 0.0 if peak_tflops is None else linear_flops(M, N, K) / (peak_tflops * 1e12)
     return max(t_mem, t_flop) * 1e3

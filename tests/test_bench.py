@@ -246,3 +246,21 @@ def test_broken_private_op_is_skipped_with_a_note():
     assert [b.name for b in kept] == ["fp32"]
     assert "skipping wrong: ValueError: relative error" in notes[0]
     assert "skipping missing: RuntimeError" in notes[1]
+
+
+def test_group_size_must_divide_k_and_rates_must_be_positive():
+    # group 100 does not divide 4096: a fractional number of scales per row was counted silently
+    for gs in (100, 0, -128, 1.5, True):
+        with pytest.raises(ValueError, match="group_size"):
+            bench.linear_bytes(1, 4096, 4096, 4, group_size=gs)
+    with pytest.raises(ValueError, match="group_size"):
+        bench.arithmetic_intensity(1, 4096, 4096, 4, group_size=100)
+    assert bench.linear_bytes(1, 4096, 4096, 8, group_size=4096) > 0      # per channel
+    for bw in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match="bandwidth_gbps"):
+            bench.layer_floor_ms(1, 8, 8, bandwidth_gbps=bw)
+    for peak in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="peak_tflops"):
+            bench.layer_floor_ms(1, 8, 8, peak_tflops=peak)
+    with pytest.raises(ValueError, match="peak_tflops"):
+        bench.floor_speedup(1, 4096, 4096, 4, 128, fmt_tflops=0)

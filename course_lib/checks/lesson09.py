@@ -115,7 +115,7 @@ def _intensity_cases():
     return [
         Case((1, 4096, 4096, 16), label="BF16 GEMV, batch 1"),
         Case((1, 8192, 28672, 4), {"group_size": 128}, label="INT4 group-128, batch 1"),
-        Case((16, 4096, 14336, 8), {"group_size": 4096}, label="INT8 per channel, batch 16"),
+        Case((16, 4096, 14336, 8), {"group_size": 14336}, label="INT8 per channel, batch 16"),
         Case((2048, 4096, 4096, 16), label="BF16 prefill, 2048 tokens"),
         Case((1, 1024, 4096, 4), {"group_size": 32}, label="INT4 group-32: scales matter"),
         Case((0, 4096, 4096, 16), label="no tokens", raises=ValueError),
