@@ -29,6 +29,9 @@ def sqnr_db(reference, approx) -> float:
     Infinite when the two agree exactly (lesson 02).
     """
     ref, app = to_numpy(reference), to_numpy(approx)
+    if ref.shape != app.shape:  # numpy would broadcast (8,) against (8, 1) silently
+        raise ValueError(f"sqnr_db: reference has shape {ref.shape} but approx has shape "
+                         f"{app.shape}; compare a tensor with its own dequantized copy")
     noise = float(np.sum((ref - app) ** 2))
     signal = float(np.sum(ref ** 2))
     if noise == 0.0:

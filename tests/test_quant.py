@@ -492,3 +492,9 @@ def test_zero_point_rejects_bad_bits():
 def test_group_size_true_is_not_one():
     with pytest.raises(ValueError, match="group_size must be a positive integer"):
         Q.quantize(np.ones((2, 8)), "int4", "per_group", True)
+
+
+def test_sqnr_db_rejects_mismatched_shapes():
+    r = np.arange(1.0, 9.0)
+    with pytest.raises(ValueError, match=r"shape \(8,\).*shape \(8, 1\)"):
+        Q.sqnr_db(r, r[:, None])            # broadcast to (8, 8): gave -5.2 dB silently
