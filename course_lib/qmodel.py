@@ -219,6 +219,11 @@ def quantize_model(model: nn.Module, fmt: str = "int4", granularity: str = "per_
                or isinstance(m, nn.Linear)]
     if not any(isinstance(m, nn.Linear) for _, m in targets):
         raise ValueError("this model has no nn.Linear layers to quantize")
+    if skip is not DEFAULT_SKIP:   # a typo in skip would quantize the layer it meant to keep
+        unused = [s for s in skip if not any(s in n for n, _ in targets)]
+        if unused:
+            raise ValueError(f"skip fragment(s) {unused} match no layer, so nothing would be kept "
+                             f"for them; layer names look like {[n for n, _ in targets][:6]}")
     saved = 0
     for name, lin in targets:
         if any(s in name for s in skip) or (only is not None and not any(o in name for o in only)):

@@ -98,3 +98,12 @@ def test_bad_input_errors():
         qmodel.quantize_model(m, "int4", "per_group", 48)
     with pytest.raises(ValueError, match="no nn.Linear"):
         qmodel.quantize_model(nn.Sequential(nn.ReLU()))
+
+
+def test_a_skip_fragment_that_matches_nothing_is_an_error():
+    m = small_llama()
+    # a typo: without the check lm_head would be quantized though the caller meant to keep it
+    with pytest.raises(ValueError, match=r"\['lm_heads'\] match no layer"):
+        qmodel.quantize_model(m, "int4", "per_group", 32, skip=("lm_heads",))
+    _, rep = qmodel.quantize_model(m, "int4", "per_group", 32, skip=("lm_head",))
+    assert "lm_head" in rep.skipped
