@@ -356,12 +356,16 @@ def kv_bytes_per_token_from_config(config: dict, bytes_per_value: float = 2.0) -
     missing = [k for k in ("num_hidden_layers", "num_attention_heads") if k not in config]
     if missing:
         raise ValueError(f"config lacks {missing}; it has {sorted(config)}")
-    heads = config["num_attention_heads"]
+    heads = _positive_int("num_attention_heads", config["num_attention_heads"])
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim")
     if head_dim is None:
         if "hidden_size" not in config:
             raise ValueError("config has neither head_dim nor hidden_size to derive it from")
+        if config["hidden_size"] % heads:
+            raise ValueError(f"hidden_size {config['hidden_size']} is not a multiple of "
+                             f"num_attention_heads {heads}, so head_dim cannot be derived; "
+                             f"this config needs an explicit head_dim")
         head_dim = config["hidden_size"] // heads
     return kv_bytes_per_token(config["num_hidden_layers"], kv_heads, head_dim, bytes_per_value)
 

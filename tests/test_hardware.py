@@ -170,6 +170,11 @@ def test_unknown_names_list_the_known_ones():
     lambda: hw.kv_cache_gb("70B", -1),
     lambda: hw.weight_gb(True, "bf16"),
     lambda: hw.kv_bytes_per_token_from_config({"num_hidden_layers": 2}),
+    # head_dim cannot be derived: 8 // 3 = 2 was used silently; 0 heads divided by zero
+    lambda: hw.kv_bytes_per_token_from_config({"num_hidden_layers": 2, "num_attention_heads": 3,
+                                               "hidden_size": 8}),
+    lambda: hw.kv_bytes_per_token_from_config({"num_hidden_layers": 2, "num_attention_heads": 0,
+                                               "hidden_size": 8}),
 ])
 def test_bad_sizes_are_refused(call):
     with pytest.raises(ValueError):
