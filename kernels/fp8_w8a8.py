@@ -240,6 +240,10 @@ def quantize_weight(w: torch.Tensor, fast: bool = False) -> tuple[torch.Tensor, 
     ``fast=True`` does the same with torch's own round-to-nearest-even cast on the tensor's
     device (the benchmark uses it for 8B-sized stacks; a test checks both agree).
     """
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"w must be a 2-D floating-point weight (N out, K in); got "
+                         f"{type(w).__name__} {tuple(getattr(w, 'shape', ()))} "
+                         f"{getattr(w, 'dtype', '')}")
     if fast:
         if not bool(torch.isfinite(w).all()):
             bad = int((~torch.isfinite(w)).sum())
@@ -272,6 +276,7 @@ def fp8_w8a8_reference(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor
     it is the fallback on GPUs without FP8 maths (and on CPUs).
     """
     ws = _check_weights(w_q, w_scale)
+    check_activations(x, w_q.shape[1])          # an int x would come back truncated to int
     xq, xs = quantize_activations(x)                                    # (M, K), (M,)
     y = F.linear(xq.float(), w_q.float()) * xs[:, None] * ws[None, :]   # (M, N)
     return y.to(x.dtype).reshape(*x.shape[:-1], w_q.shape[0])

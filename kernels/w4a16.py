@@ -246,6 +246,10 @@ def quantize_weight(w: torch.Tensor, group_size: int = 128, symmetric: bool = Tr
     """
     from course_lib import quant
 
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"w must be a 2-D floating-point weight (N out, K in); got "
+                         f"{type(w).__name__} {tuple(getattr(w, 'shape', ()))} "
+                         f"{getattr(w, 'dtype', '')}")
     if group_size not in GROUP_SIZES:
         raise ValueError(f"group_size {group_size} is not supported; use one of {GROUP_SIZES}")
     qt = quant.quantize(w.float(), fmt="int4", granularity="per_group", group_size=group_size,
@@ -334,6 +338,8 @@ def dequantize_weight(wt: W4A16Weight) -> torch.Tensor:
 
 def w4a16_reference(x: torch.Tensor, wt: W4A16Weight) -> torch.Tensor:
     """Plain torch: dequantize the whole weight, then F.linear in fp32; result in x's dtype."""
+    _check_weight(wt)
+    check_activations(x, wt.K)                  # an int x would come back truncated to int
     return F.linear(x.float(), dequantize_weight(wt)).to(x.dtype)     # (..., N)
 
 

@@ -203,6 +203,11 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(w_q (N, K) int8, scale (N,) fp32): symmetric per-channel int8 (course_lib.quant)."""
     from course_lib import quant
 
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"w must be a 2-D floating-point weight (N out, K in); got "
+                         f"{type(w).__name__} {tuple(getattr(w, 'shape', ()))} "
+                         f"{getattr(w, 'dtype', '')}")
+
     qt = quant.quantize(w.float(), fmt="int8", granularity="per_channel")
     q = torch.as_tensor(qt.q).to(torch.int8)                           # (N, K)
     scale = torch.as_tensor(qt.scale).float().reshape(w.shape[0])      # (N,)
@@ -212,6 +217,7 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def w8a16_reference(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Plain torch: dequantize the whole weight, then F.linear in fp32; result in x's dtype."""
     scale = _check_weights(w_q, scale)
+    check_activations(x, w_q.shape[1])          # an int x would come back truncated to int
     w = w_q.float() * scale.float()[:, None]                            # (N, K)
     return F.linear(x.float(), w).to(x.dtype)                           # (..., N)
 

@@ -116,3 +116,12 @@ def test_weight_quantization_refuses_nan_and_inf_on_both_paths():
         for fast in (False, True):                  # the fast path gave a NaN row scale 1.0
             with pytest.raises(ValueError, match="NaN|non-finite"):
                 quantize_weight(w, fast=fast)
+
+
+def test_reference_refuses_int_activations_and_3d_weights():
+    w_q, ws = quantize_weight(torch.randn(16, 64))
+    with pytest.raises(TypeError, match="dtype torch.int32"):
+        fp8_w8a8_reference(torch.ones(1, 64, dtype=torch.int32), w_q, ws)
+    for fast in (False, True):
+        with pytest.raises(ValueError, match="2-D floating-point weight"):
+            quantize_weight(torch.randn(2, 16, 64), fast=fast)

@@ -87,3 +87,13 @@ def test_bad_inputs_say_what_to_do():
         w4a16_linear(x, W4A16Weight(wt.packed, wt.scale[:, :1], None, 32))
     with pytest.raises(TypeError, match="W4A16Weight"):
         w4a16_linear(x, wt.packed)
+
+
+def test_reference_and_quantizer_refuse_bad_shapes_and_int_activations():
+    wt = quantize_weight(torch.randn(16, 128), 128)
+    with pytest.raises(TypeError, match="dtype torch.int32"):
+        w4a16_reference(torch.ones(1, 128, dtype=torch.int32), wt)
+    with pytest.raises(ValueError, match="128 input features"):
+        w4a16_reference(torch.randn(1, 64), wt)
+    with pytest.raises(ValueError, match="2-D floating-point weight"):
+        quantize_weight(torch.randn(2, 16, 128), 128)               # built a 3-D 'packed' weight before

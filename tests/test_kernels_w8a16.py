@@ -83,3 +83,14 @@ def test_gemv_plan_fills_a_132_sm_gpu(monkeypatch):
     assert common.gemv_plan(1, 1024, 256, 128)[1] == 1          # too little K to split
     monkeypatch.setattr(common, "on_gpu", lambda: False)
     assert common.gemv_plan(1, 28672, 8192, 128) == (16, 1)     # interpreter: small, no split
+
+
+def test_reference_and_quantizer_refuse_bad_shapes_and_int_activations():
+    w_q, scale = quantize_weight(torch.randn(16, 64))
+    with pytest.raises(TypeError, match="dtype torch.int32"):    # came back as int32, truncated
+        w8a16_reference(torch.ones(1, 64, dtype=torch.int32), w_q, scale)
+    with pytest.raises(ValueError, match="64 input features"):
+        w8a16_reference(torch.randn(1, 63), w_q, scale)
+    for bad in (torch.randn(64), torch.randn(2, 16, 64), torch.ones(16, 64, dtype=torch.int32)):
+        with pytest.raises(ValueError, match="2-D floating-point weight"):
+            quantize_weight(bad)
