@@ -109,6 +109,8 @@ def to_tensor(b: bytes) -> torch.Tensor:
 
 def unigram_bits_per_byte(train: bytes, test: bytes) -> float:
     """Baseline: cross-entropy of ``test`` under the byte frequencies of ``train`` (add-one)."""
+    if len(test) == 0:
+        raise ValueError("test text is empty: there is nothing to score (the mean would be NaN)")
     counts = torch.bincount(to_tensor(train), minlength=256).double() + 1
     logp = (counts / counts.sum()).log2()
     return float(-logp[to_tensor(test)].mean())
@@ -123,6 +125,8 @@ def compressor_bits_per_byte(text: bytes) -> dict[str, float]:
     import bz2
     import gzip
     import lzma
+    if len(text) == 0:
+        raise ValueError("text is empty: bits per byte of nothing is undefined")
     sizes = {"gzip -9": len(gzip.compress(text, 9)), "bzip2 -9": len(bz2.compress(text, 9)),
              "xz -9e": len(lzma.compress(text, preset=9 | lzma.PRESET_EXTREME))}
     return {k: 8 * v / len(text) for k, v in sizes.items()}

@@ -163,6 +163,10 @@ def test_baselines():
     assert 3.5 < uni < 6.0
     comp = data.compressor_bits_per_byte(text)
     assert set(comp) == {"gzip -9", "bzip2 -9", "xz -9e"} and all(1 < v < uni for v in comp.values())
+    with pytest.raises(ValueError, match="empty"):
+        data.unigram_bits_per_byte(text, b"")               # was NaN
+    with pytest.raises(ValueError, match="empty"):
+        data.compressor_bits_per_byte(b"")                  # was ZeroDivisionError
 
 
 def test_raw_logits_and_nan_are_refused():
