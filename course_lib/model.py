@@ -305,6 +305,13 @@ def generate(model: LlamaModel, ids: torch.Tensor, max_new_tokens: int,
         ids = ids[None]
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy); got {temperature}")
+    context = model.config.max_position_embeddings
+    if ids.shape[1] + max_new_tokens > context:
+        raise ValueError(
+            f"the prompt ({ids.shape[1]} tokens) plus max_new_tokens ({max_new_tokens}) exceeds "
+            f"the model's context of {context} positions, beyond which it was never trained; "
+            f"keep the last {max(context - max_new_tokens, 0)} prompt tokens "
+            f"(ids[:, -{max(context - max_new_tokens, 1)}:]) or ask for fewer new tokens")
     g = torch.Generator(device=ids.device).manual_seed(seed)
     cache = KVCache(model.config.num_hidden_layers)
     logits = model(ids, cache)[:, -1]                                  # (B, V)

@@ -85,6 +85,10 @@ def test_greedy_generation_is_argmax_and_sampling_is_seeded():
     assert torch.equal(s1, s2) and not torch.equal(s1, s3)
     with pytest.raises(ValueError, match="temperature"):
         M.generate(m, ids, 2, temperature=-1)
+    ctx = m.config.max_position_embeddings
+    assert M.generate(m, ids, ctx - 5).shape == (1, ctx)        # exactly fills the context
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        M.generate(m, ids, ctx - 4)
 
 
 def test_save_then_load_roundtrip(tmp_path):
