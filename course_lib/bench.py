@@ -51,6 +51,35 @@ def time_gpu(fn: Callable[[], object], warmup_ms: int = 25, rep_ms: int = 100) -
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def speedup_vs_bf16(label: str, prepare: Callable, run: Callable, shapes, batches,
+                    dtype=None) -> list[dict]:
+    """Median GPU time of a quantized linear against torch BF16 ``F.linear`` (lesson 10).
+
+    For each (K in, N out) in ``shapes`` a random weight (N, K) is made, ``prepare(w)`` turns
+    it into the kernel's storage once, and for each batch M both ``F.linear(x, w)`` and
+    ``run(x, prepared)`` are timed with ``time_gpu``. Each kernel file's ``benchmark()`` is this
+    call; ``python -m kernels.bench`` is the full benchmark that writes a results JSON.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from course_lib.device import require_gpu
+
+    require_gpu(f"course_lib.bench.speedup_vs_bf16 ({label})")
+    dtype = dtype or torch.bfloat16
+    rows = []
+    for K, N in shapes:
+        w = torch.randn(N, K, device="cuda", dtype=dtype) / K ** 0.5    # (N, K)
+        prepared = prepare(w)
+        for M in batches:
+            x = torch.randn(M, K, device="cuda", dtype=dtype)            # (M, K)
+            t_ref = time_gpu(lambda: F.linear(x, w))
+            t_q = time_gpu(lambda: run(x, prepared))
+            rows.append({"K": K, "N": N, "M": M, "bf16_ms": t_ref, f"{label}_ms": t_q,
+                         "speedup": t_ref / t_q})
+    return rows
+
+
 def time_gpu_graph(fns: list[Callable[[], object]], min_calls: int = 64,
                    replays: int = 10) -> float:
     """Median ms per call of ``fns`` called in turn inside one CUDA graph (lesson 10).

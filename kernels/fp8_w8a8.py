@@ -291,14 +291,5 @@ def benchmark(shapes=((4096, 4096), (8192, 28672)), batches=(1, 16, 4096), dtype
     require_fp8()
     if INTERPRET:
         raise RuntimeError("never time the Triton interpreter: benchmark on a GPU")
-    rows = []
-    for K, N in shapes:
-        w = torch.randn(N, K, device="cuda", dtype=dtype) / K ** 0.5    # (N, K)
-        w_q, ws = quantize_weight(w)
-        for M in batches:
-            x = torch.randn(M, K, device="cuda", dtype=dtype)            # (M, K)
-            t_ref = bench.time_gpu(lambda: F.linear(x, w))
-            t_q = bench.time_gpu(lambda: fp8_w8a8_linear(x, w_q, ws))
-            rows.append({"K": K, "N": N, "M": M, "bf16_ms": t_ref, "fp8_ms": t_q,
-                         "speedup": t_ref / t_q})
-    return rows
+    return bench.speedup_vs_bf16("fp8", quantize_weight,
+                                 lambda x, wq: fp8_w8a8_linear(x, *wq), shapes, batches, dtype)

@@ -355,14 +355,5 @@ def benchmark(shapes=((4096, 4096), (8192, 28672)), batches=(1, 16), group_size=
     from course_lib.device import require_gpu
 
     require_gpu("kernels.w4a16.benchmark")
-    rows = []
-    for K, N in shapes:
-        w = torch.randn(N, K, device="cuda", dtype=dtype) / K ** 0.5    # (N, K)
-        wt = quantize_weight(w, group_size)
-        for M in batches:
-            x = torch.randn(M, K, device="cuda", dtype=dtype)            # (M, K)
-            t_ref = bench.time_gpu(lambda: F.linear(x, w))
-            t_q = bench.time_gpu(lambda: w4a16_linear(x, wt))
-            rows.append({"K": K, "N": N, "M": M, "bf16_ms": t_ref, "w4a16_ms": t_q,
-                         "speedup": t_ref / t_q})
-    return rows
+    return bench.speedup_vs_bf16("w4a16", lambda w: quantize_weight(w, group_size),
+                                 w4a16_linear, shapes, batches, dtype)

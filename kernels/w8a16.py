@@ -234,14 +234,5 @@ def benchmark(shapes=((4096, 4096), (8192, 28672)), batches=(1, 16), dtype=torch
     from course_lib.device import require_gpu
 
     require_gpu("kernels.w8a16.benchmark")
-    rows = []
-    for K, N in shapes:
-        w = torch.randn(N, K, device="cuda", dtype=dtype) / K ** 0.5    # (N, K)
-        w_q, scale = quantize_weight(w)
-        for M in batches:
-            x = torch.randn(M, K, device="cuda", dtype=dtype)            # (M, K)
-            t_ref = bench.time_gpu(lambda: F.linear(x, w))
-            t_q = bench.time_gpu(lambda: w8a16_linear(x, w_q, scale))
-            rows.append({"K": K, "N": N, "M": M, "bf16_ms": t_ref, "w8a16_ms": t_q,
-                         "speedup": t_ref / t_q})
-    return rows
+    return bench.speedup_vs_bf16("w8a16", quantize_weight,
+                                 lambda x, wq: w8a16_linear(x, *wq), shapes, batches, dtype)

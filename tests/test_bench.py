@@ -264,3 +264,14 @@ def test_group_size_must_divide_k_and_rates_must_be_positive():
             bench.layer_floor_ms(1, 8, 8, peak_tflops=peak)
     with pytest.raises(ValueError, match="peak_tflops"):
         bench.floor_speedup(1, 4096, 4096, 4, 128, fmt_tflops=0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only behaviour")
+@pytest.mark.parametrize("module", ["w8a16", "w4a16", "fp8_w8a8"])
+def test_kernel_benchmarks_refuse_a_cpu_with_a_clear_message(module):
+    import importlib
+    mod = importlib.import_module(f"kernels.{module}")
+    with pytest.raises(RuntimeError, match="GPU|interpreter|FP8"):
+        mod.benchmark(shapes=((64, 64),), batches=(1,))
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        bench.speedup_vs_bf16("x", lambda w: w, lambda x, w: x, ((64, 64),), (1,))
