@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass, field
 from numbers import Real
 
+from course_lib import quant  # one source for scale overheads: quant.bits_per_weight (lesson 03)
+
 GB = 1e9          # bytes in a (decimal) gigabyte, the unit of GPU datasheets
 GIB = 2 ** 30     # bytes in a gibibyte, the unit many tools (nvidia-smi, vLLM logs) print
 TB = 1e12         # bytes in a terabyte
@@ -94,12 +96,12 @@ FORMATS: dict[str, Format] = {f.name: f for f in [
     Format("fp8", 8.0, "FP8 E4M3 (a per-tensor or per-channel scale adds next to nothing)"),
     Format("int8", 8.0, "8-bit integers (per-channel scales add next to nothing)"),
     Format("int4", 4.0, "4-bit integers, scales not counted"),
-    Format("int4_g128", 4.125, "INT4 with one 16-bit scale per 128 weights: 4 + 16/128"),
-    Format("int4_g32", 4.5, "INT4 with one 16-bit scale per 32 weights: 4 + 16/32"),
-    Format("mxfp4", 4.25, "OCP MXFP4: E2M1 values, one E8M0 scale per 32: 4 + 8/32"),
-    Format("fp4", 4.25, "FP4 E2M1 as shipped in MXFP4 blocks (gpt-oss): 4.25"),
-    Format("nvfp4", 4.5, "NVIDIA NVFP4: E2M1, one E4M3 scale per 16 (+ an FP32 tensor scale)"),
-    Format("q4_k_m", 4.89, "llama.cpp GGUF Q4_K_M, about 4.89 bits per weight"),
+    Format("int4_g128", quant.bits_per_weight(4, 128), "INT4 with one 16-bit scale per 128 weights: 4 + 16/128"),
+    Format("int4_g32", quant.bits_per_weight(4, 32), "INT4 with one 16-bit scale per 32 weights: 4 + 16/32"),
+    Format("mxfp4", quant.bits_per_weight("mxfp4"), "OCP MXFP4: E2M1 values, one E8M0 scale per 32: 4 + 8/32"),
+    Format("fp4", quant.bits_per_weight("mxfp4"), "FP4 E2M1 as shipped in MXFP4 blocks (gpt-oss): 4.25"),
+    Format("nvfp4", quant.bits_per_weight("nvfp4"), "NVIDIA NVFP4: E2M1, one E4M3 scale per 16 (+ an FP32 tensor scale)"),
+    Format("q4_k_m", quant.bits_per_weight("q4_k_m"), "llama.cpp GGUF Q4_K_M, about 4.89 bits per weight"),
 ]}
 FORMAT_ALIASES = {"int4-g128": "int4_g128", "w4a16": "int4_g128", "int4-g32": "int4_g32",
                   "fp8_e4m3": "fp8", "e4m3": "fp8", "float8": "fp8", "float16": "fp16",
@@ -127,7 +129,8 @@ def bits_with_scales(bits: float, group_size: int | None = None, scale_bits: flo
     if group_size is None:
         return bits
     group_size = _positive_int("group_size", group_size)
-    return bits + _positive("scale_bits", scale_bits, allow_zero=True) / group_size
+    scale_bits = _positive("scale_bits", scale_bits, allow_zero=True)
+    return quant.bits_per_weight(bits, group_size, scale_bits=scale_bits)
 
 
 # ---------------------------------------------------------------------------------------
