@@ -118,3 +118,31 @@ def test_cmp_handles_infinities_and_mismatches():
     assert not bad and "flat index 0" in bad.problem
     assert not cmp("x", np.array([1.0, 2.0]), np.array([1.0, 2.1]))
     assert cmp("x", np.array([1.0, 2.0]), np.array([1.0, 2.0 + 1e-9]))
+
+
+def test_grading_mode_raises_on_unsolved_and_wrong(toy, monkeypatch):
+    def unsolved(x):
+        raise NotImplementedError
+    monkeypatch.setenv("COURSE_CHECKS", "grading")
+    with pytest.raises(AssertionError, match="not yet implemented"):
+        check(toy, unsolved, quiet=True)
+    with pytest.raises(AssertionError, match="values differ"):
+        check(toy, lambda x: 3 * x, quiet=True)
+    assert check(toy, _bad_input_double, quiet=True)
+
+
+def test_hints_come_in_steps(monkeypatch, capsys):
+    stepped = Exercise(id="toy.stepped", title="double", reference=_double,
+                       cases=lambda: [Case((np.arange(3.0),))],
+                       hint=["think about what doubling means", "return 2 * x"])
+    monkeypatch.setitem(checks.EXERCISES, stepped.id, stepped)
+    result = check(stepped.id, lambda x: 3 * x)
+    out = capsys.readouterr().out
+    assert "think about what doubling means" in out and "level=2" in out
+    assert "return 2 * x" not in out                      # the code-level step stays hidden
+    assert "2/2: return 2 * x" in checks.hint(stepped.id, level=2)
+    assert "1/2: think about" in checks.hint(stepped.id)
+    assert "here is the last" in checks.hint(stepped.id, level=5)
+    with pytest.raises(ValueError, match="level must be"):
+        checks.hint(stepped.id, level=0)
+    assert not result

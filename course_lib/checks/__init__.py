@@ -4,7 +4,8 @@ Each exercise is registered once, in ``course_lib/checks/lessonNN.py``, with
 
 - a reference implementation (the library's own code: one source per algorithm),
 - cases: many inputs, edge cases included (each with a label a learner can read),
-- a hint, shown on failure,
+- hints in steps (``hint`` a string or a list): the first, shown on failure, says what to
+  think about and never gives the answer; later steps come with ``hint(exercise_id, level=2)``,
 - plausible wrong implementations, which ``tests/test_checks.py`` feeds to the checker
   to prove that it rejects each one.
 
@@ -15,7 +16,8 @@ does not raise, so unsolved notebooks still run top to bottom.
 
 The environment variable ``COURSE_CHECKS`` makes checks strict for CI:
 ``learner`` (default) never raises; ``exercises`` raises on a wrong answer but not on an
-unsolved one; ``solutions`` raises unless the answer passes.
+unsolved one; ``solutions`` raises unless the answer passes; ``grading`` (nbgrader's
+autograder) raises unless the answer passes, so an unsolved exercise scores zero.
 """
 from __future__ import annotations
 
@@ -48,11 +50,17 @@ class Exercise:
     title: str
     reference: Callable
     cases: Callable[[], list[Case]]
-    hint: str
+    hint: str | list[str]
     wrong: list[Callable] = field(default_factory=list)
     rtol: float = 1e-5
     atol: float = 1e-8
     check_dtype: bool = True
+
+
+    @property
+    def hints(self) -> list[str]:
+        """The hint steps, first (what to think about) to last (closest to code)."""
+        return [self.hint] if isinstance(self.hint, str) else list(self.hint)
 
 
 EXERCISES: dict[str, Exercise] = {}
@@ -147,17 +155,42 @@ class CheckResult:
 
 def _mode() -> str:
     mode = os.environ.get("COURSE_CHECKS", "learner")
-    if mode not in ("learner", "exercises", "solutions"):
-        raise ValueError(f"COURSE_CHECKS={mode!r}: use learner, exercises or solutions")
+    if mode not in ("learner", "exercises", "solutions", "grading"):
+        raise ValueError(f"COURSE_CHECKS={mode!r}: use learner, exercises, solutions or grading")
     return mode
+
+
+def _exercise(exercise_id: str) -> Exercise:
+    exercises = load_all()
+    if exercise_id not in exercises:
+        raise KeyError(f"unknown exercise {exercise_id!r}; known: {', '.join(sorted(exercises))}")
+    return exercises[exercise_id]
+
+
+def _first_hint(ex: Exercise) -> str:
+    more = len(ex.hints) - 1
+    tail = f" (more: hint({ex.id!r}, level=2))" if more else ""
+    return ex.hints[0] + tail
+
+
+def hint(exercise_id: str, level: int = 1) -> str:
+    """Print and return hint step ``level`` (1 = what to think about) of an exercise (every lesson)."""
+    ex = _exercise(exercise_id)
+    if not isinstance(level, int) or isinstance(level, bool) or level < 1:
+        raise ValueError(f"level must be a whole number >= 1, got {level!r}")
+    steps = ex.hints
+    if level > len(steps):
+        text = f"{exercise_id} has {len(steps)} hint step(s); here is the last:\n{steps[-1]}"
+    else:
+        more = (f"  (next: hint({exercise_id!r}, level={level + 1}))" if level < len(steps) else "")
+        text = f"{exercise_id} hint {level}/{len(steps)}: {steps[level - 1]}{more}"
+    print(text)
+    return text
 
 
 def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
     """Run ``fn`` on every case of exercise ``exercise_id`` and say what passed (every lesson)."""
-    exercises = load_all()
-    if exercise_id not in exercises:
-        raise KeyError(f"unknown exercise {exercise_id!r}; known: {', '.join(sorted(exercises))}")
-    ex = exercises[exercise_id]
+    ex = _exercise(exercise_id)
     cases = ex.cases()
     say = (lambda *a: None) if quiet else print
     for i, case in enumerate(cases):
@@ -166,9 +199,9 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
         try:
             actual = fn(*copy.deepcopy(case.args), **copy.deepcopy(case.kwargs))
         except NotImplementedError:
-            report = f"{exercise_id} ({ex.title}): not yet implemented. Hint: {ex.hint}"
+            report = f"{exercise_id} ({ex.title}): not yet implemented. Hint: {_first_hint(ex)}"
             say(report)
-            if _mode() == "solutions":
+            if _mode() in ("solutions", "grading"):
                 raise AssertionError(report)
             return CheckResult(exercise_id, "not implemented", 0, len(cases), report)
         except Exception as err:  # the learner's code raised: say what and where
@@ -187,7 +220,7 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
                     problem += f"\n    expected: {_short(expected)}\n    actual:   {_short(actual)}"
         if problem:
             report = (f"{exercise_id} ({ex.title}): {where} FAILED\n    input:    {shown_input}\n"
-                      f"    problem:  {problem}\n    hint:     {ex.hint}\n"
+                      f"    problem:  {problem}\n    hint:     {_first_hint(ex)}\n"
                       f"    ({i} of {len(cases)} cases passed before this one)")
             say(report)
             if _mode() != "learner":
@@ -200,5 +233,5 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
     return CheckResult(exercise_id, "passed", len(cases), len(cases), report)
 
 
-__all__ = ["Case", "Exercise", "register", "check", "load_all", "EXERCISES", "CheckResult",
+__all__ = ["Case", "Exercise", "register", "check", "hint", "load_all", "EXERCISES", "CheckResult",
            "compare_answer"]
