@@ -165,6 +165,9 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, T, self.K, self.hd).transpose(1, 2)     # (B, K, T, hd)
         v = self.v_proj(x).view(B, T, self.K, self.hd).transpose(1, 2)     # (B, K, T, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if getattr(cache, "attend", None) is not None:  # a quantized cache (course_lib.kv, lesson 11)
+            y = cache.attend(self.layer, q, k, v)                          # (B, H, T, hd)
+            return self.o_proj(y.transpose(1, 2).reshape(B, T, self.H * self.hd))
         past = 0                                   # tokens already in the cache
         if cache is not None:
             past = 0 if cache.k[self.layer] is None else cache.k[self.layer].shape[2]
@@ -294,12 +297,13 @@ class LlamaModel(nn.Module):
 @torch.no_grad()
 def generate(model: LlamaModel, ids: torch.Tensor, max_new_tokens: int,
              temperature: float = 0.0, top_k: int | None = None, seed: int = 0,
-             stop_token: int | None = None) -> torch.Tensor:
+             stop_token: int | None = None, cache=None) -> torch.Tensor:
     """Continue ``ids`` (B, T) by ``max_new_tokens`` using the KV cache (lesson 04).
 
     ``temperature == 0`` is greedy (argmax); otherwise sample from softmax(logits / temperature),
     optionally restricted to the ``top_k`` most likely tokens, with a fixed ``seed``.
-    Returns (B, T + new) ids.
+    Returns (B, T + new) ids. ``cache``: an empty cache to fill instead of a plain
+    :class:`KVCache`, for example ``course_lib.kv.QuantizedKVCache`` (lesson 11).
     """
     if ids.dim() == 1:
         ids = ids[None]
@@ -313,7 +317,10 @@ def generate(model: LlamaModel, ids: torch.Tensor, max_new_tokens: int,
             f"keep the last {max(context - max_new_tokens, 0)} prompt tokens "
             f"(ids[:, -{max(context - max_new_tokens, 1)}:]) or ask for fewer new tokens")
     g = torch.Generator(device=ids.device).manual_seed(seed)
-    cache = KVCache(model.config.num_hidden_layers)
+    if cache is None:
+        cache = KVCache(model.config.num_hidden_layers)
+    elif cache.length() != 0:
+        raise ValueError("generate needs an empty cache; make a new one for every call")
     logits = model(ids, cache)[:, -1]                                  # (B, V)
     out = [ids]
     for _ in range(max_new_tokens):

@@ -1,0 +1,720 @@
+"""Quantized KV caches: what they store, what they cost, what they do to a model (lesson 11).
+
+A decode step reads every cached key and value of every sequence in the batch. At long
+context and large batch that read, not the weights, dominates (lesson 00), so engines store
+the cache in fewer bits. The formats here, all selectable per run:
+
+======== ================================================================================
+``bf16``       the 16-bit cache a model normally keeps (the reference of this lesson)
+``fp8_tensor`` FP8 E4M3, one scale per layer for K and one for V, calibrated once, then
+               fixed (vLLM's ``--kv-cache-dtype fp8`` with calibrated scales)
+``fp8_head``   FP8 E4M3 with one calibrated scale per layer and KV head
+``int8``       INT8 with one scale per token and head, computed as each token is stored
+``kivi4``      KIVI-style 4-bit: keys per channel (groups of 32 tokens), values per token
+               (groups of 32 channels), asymmetric (scale and minimum in fp16); the most
+               recent ``window`` tokens (128 by default) kept in BF16
+``kivi2``      the same in 2 bits
+======== ================================================================================
+
+Two ways to run a model with one of them (``model.py`` hands attention to any cache that has
+an ``attend`` method):
+
+- :class:`QuantizedKVCache`: the real thing. Codes, scales and the BF16 window are stored
+  (KIVI codes packed 2 or 4 per byte); every new token is appended, and tokens leaving the
+  window are quantized. ``cache.nbytes()`` is what it holds, byte for byte.
+- :class:`PerQueryEmulation`: scores a whole window in one forward pass. For each query,
+  keys and values older than the recent window are quantized and newer ones are BF16,
+  exactly the state the real cache is in when that token is decoded. Decoding token by token
+  with the real cache gives the same logits (``tests/test_kv.py`` checks it).
+
+Shape letters: B batch, K KV heads, H query heads, S cached tokens, T new tokens, hd head size.
+Everything is first rounded to BF16 (the model's 16-bit cache); quantized formats quantize
+those BF16 values, so the difference from ``bf16`` is the quantization alone.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+FP8_MAX = 448.0          # largest FP8 E4M3 value (lesson 01)
+SCALE_BYTES = 2          # INT8 and KIVI scales (and KIVI minima) are stored in fp16
+FIXED_SCALE_BYTES = 4    # FP8's calibrated scales are fp32, one per layer (and head)
+DEFAULT_WINDOW = 128     # KIVI's full-precision recent window (tokens)
+DEFAULT_GROUP = 32       # KIVI's group size
+
+
+# ----------------------------------------------------------------------------- formats
+@dataclass(frozen=True)
+class KVFormat:
+    """How a cache stores keys and values (lesson 11).
+
+    ``window``: the most recent tokens kept in BF16. ``group``: KIVI's group (tokens for
+    keys, channels for values); 1 for the other formats. ``per_head``: FP8 scale per head.
+    """
+    name: str
+    kind: str          # "bf16", "fp8", "int8" or "kivi"
+    bits: int          # bits per stored value, scales not counted
+    window: int = 0
+    group: int = 1
+    per_head: bool = False
+
+    def quantized_count(self, n_tokens: int) -> int:
+        """How many of ``n_tokens`` cached tokens are quantized (the oldest ones).
+
+        Tokens older than the window are quantized in whole groups (a key group is 32
+        consecutive tokens of one channel), so the BF16 part holds ``window`` to
+        ``window + group - 1`` tokens once the context is longer than the window.
+        """
+        if self.kind == "bf16":
+            return 0
+        return max(n_tokens - self.window, 0) // self.group * self.group
+
+
+FORMAT_NAMES = ("bf16", "fp8_tensor", "fp8_head", "int8", "kivi4", "kivi2")
+
+
+def get_format(name, window: int | None = None, group: int = DEFAULT_GROUP) -> KVFormat:
+    """The :class:`KVFormat` called ``name`` (one of :data:`FORMAT_NAMES`); lesson 11.
+
+    ``window`` defaults to 128 for KIVI and 0 (every token quantized) for FP8 and INT8.
+    ``group`` applies to KIVI only.
+    """
+    if isinstance(name, KVFormat):
+        return name
+    if name not in FORMAT_NAMES:
+        raise ValueError(f"unknown KV-cache format {name!r}; known: {', '.join(FORMAT_NAMES)}")
+    kivi = name.startswith("kivi")
+    if window is None:
+        window = DEFAULT_WINDOW if kivi else 0
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"window (recent tokens kept in BF16) must be a whole number >= 0, "
+                         f"got {window!r}")
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise ValueError(f"group must be a whole number >= 1, got {group!r}")
+    if name == "bf16":
+        return KVFormat("bf16", "bf16", 16)
+    if name.startswith("fp8"):
+        return KVFormat(name, "fp8", 8, window, 1, per_head=name == "fp8_head")
+    if name == "int8":
+        return KVFormat(name, "int8", 8, window, 1)
+    bits = int(name[4:])
+    if group % (8 // bits):
+        raise ValueError(f"group {group} must be a multiple of {8 // bits} so {bits}-bit codes "
+                         f"pack whole bytes")
+    return KVFormat(name, "kivi", bits, window, group)
+
+
+def check_head_dim(fmt: KVFormat, head_dim: int) -> None:
+    """KIVI groups values along the head dimension: the group must divide it."""
+    if fmt.kind == "kivi" and head_dim % fmt.group:
+        raise ValueError(f"{fmt.name}: group {fmt.group} does not divide the head dimension "
+                         f"{head_dim}; choose a group among "
+                         f"{[g for g in range(8 // fmt.bits, head_dim + 1) if head_dim % g == 0]}")
+
+
+# ----------------------------------------------------------------------------- bytes
+def cache_bytes(fmt, layers: int, kv_heads: int, head_dim: int, tokens: int,
+                batch: int = 1) -> int:
+    """Exact bytes a cache of ``tokens`` tokens per sequence holds (lesson 11).
+
+    Codes, scales (and KIVI's minima) and the BF16 window, for ``batch`` sequences, plus
+    FP8's fixed calibrated scales (fp32, per layer, or per layer and head). Per layer and
+    head, with Q quantized tokens and F = tokens - Q in BF16:
+
+    - bf16: ``2 x tokens x hd x 2``
+    - fp8:  ``2 x Q x hd x 1 + 2 x F x hd x 2``
+    - int8: ``2 x Q x (hd + 2) + 2 x F x hd x 2``    (one fp16 scale per token and head)
+    - kivi: ``2 x Q x hd x bits / 8 + Q x hd / G x 4 (keys: scale+min per channel per G
+      tokens) + Q x hd / G x 4 (values: per token per G channels) + 2 x F x hd x 2``
+    """
+    fmt = get_format(fmt)
+    check_head_dim(fmt, head_dim)
+    for what, x in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim),
+                    ("batch", batch)):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ValueError(f"{what} must be a whole number >= 1, got {x!r}")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ValueError(f"tokens must be a whole number >= 0, got {tokens!r}")
+    Q = fmt.quantized_count(tokens)
+    full = 2 * (tokens - Q) * head_dim * 2                     # K and V of the BF16 tokens
+    if fmt.kind == "bf16":
+        quant = 0
+    elif fmt.kind == "fp8":
+        quant = 2 * Q * head_dim
+    elif fmt.kind == "int8":
+        quant = 2 * Q * (head_dim + SCALE_BYTES)
+    else:
+        per_group = 2 * SCALE_BYTES                            # fp16 scale + fp16 minimum
+        quant = 2 * Q * head_dim * fmt.bits // 8 + 2 * (Q * head_dim // fmt.group) * per_group
+    per_head = layers * kv_heads * batch * (quant + full)
+    fixed = 0
+    if fmt.kind == "fp8":
+        fixed = layers * 2 * (kv_heads if fmt.per_head else 1) * FIXED_SCALE_BYTES
+    return per_head + fixed
+
+
+def bytes_per_token(fmt, layers: int, kv_heads: int, head_dim: int, tokens: int) -> float:
+    """:func:`cache_bytes` of one sequence divided by its ``tokens`` (lesson 11)."""
+    if not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"tokens must be a whole number >= 1, got {tokens!r}")
+    return cache_bytes(fmt, layers, kv_heads, head_dim, tokens) / tokens
+
+
+def bits_per_value(fmt, head_dim: int) -> float:
+    """Bits per cached value far from the window, scales included (lesson 11).
+
+    bf16 16, fp8 8, int8 8 + 16/hd, kivi ``bits + 32/group`` (an fp16 scale and minimum per
+    group, for keys and values alike): KIVI-2 with groups of 32 costs 3 bits, not 2. Pass it
+    to ``hardware.plan(kv_format=...)`` as a number of bits.
+    """
+    fmt = get_format(fmt)
+    check_head_dim(fmt, head_dim)
+    if fmt.kind in ("bf16", "fp8"):
+        return float(fmt.bits)
+    if fmt.kind == "int8":
+        return 8 + 8 * SCALE_BYTES / head_dim
+    return fmt.bits + 8 * 2 * SCALE_BYTES / fmt.group
+
+
+def shape_of(model) -> tuple[int, int, int]:
+    """(layers, kv_heads, head_dim) of a ``LlamaModel``, a ``ModelConfig`` or a catalogue
+    model name / ``hardware.Model`` (lesson 11)."""
+    from course_lib import hardware
+
+    cfg = getattr(model, "config", model)
+    if hasattr(cfg, "num_key_value_heads"):
+        return cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+    m = hardware.get_model(model)
+    if m.kv_latent_dim is not None:
+        raise ValueError(f"{m.name} caches a latent (MLA), not per-head keys and values")
+    return m.layers, m.kv_heads, m.head_dim
+
+
+# ----------------------------------------------------------------------------- quantizers
+def to_bf16(x: torch.Tensor) -> torch.Tensor:
+    """Round to BF16 and back to fp32: the model's own 16-bit cache."""
+    return x.to(torch.bfloat16).float()
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x (B, K, S, hd) -> FP8 E4M3 codes of x / scale, saturating at +-448; scale (K,) or (1,)."""
+    s = scale.float().reshape(1, -1, 1, 1)                                # (1, K or 1, 1, 1)
+    return (x.float() / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)  # (B, K, S, hd)
+
+
+def dequantize_fp8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return codes.float() * scale.float().reshape(1, -1, 1, 1)             # (B, K, S, hd)
+
+
+def quantize_int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (B, K, S, hd) -> (codes int8 (B, K, S, hd), scale fp16 (B, K, S)): absmax / 127 per
+    token and head. The scale is rounded to fp16 first and the codes use the stored scale."""
+    amax = x.float().abs().amax(-1)                                       # (B, K, S)
+    scale = (amax / 127).to(torch.float16)
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)        # all-zero token
+    q = torch.round(x.float() / scale.float()[..., None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_int8_per_token(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale.float()[..., None]                           # (B, K, S, hd)
+
+
+def minmax_quantize(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric quantization of each row of x (..., G) to ``bits`` bits (KIVI, lesson 11).
+
+    scale = (max - min) / (2**bits - 1) and the minimum, both stored in fp16;
+    q = clamp(round((x - min) / scale), 0, 2**bits - 1); x^ = q * scale + min.
+    Returns (codes uint8 (..., G), scale fp16 (..., 1), minimum fp16 (..., 1)).
+    """
+    levels = 2 ** bits - 1
+    x = x.float()
+    lo = x.amin(-1, keepdim=True).to(torch.float16)                       # (..., 1)
+    hi = x.amax(-1, keepdim=True)
+    scale = ((hi - lo.float()) / levels).to(torch.float16)
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)        # a constant row
+    q = torch.round((x - lo.float()) / scale.float()).clamp(0, levels).to(torch.uint8)
+    return q, scale, lo
+
+
+def minmax_dequantize(q, scale, lo) -> torch.Tensor:
+    return q.float() * scale.float() + lo.float()
+
+
+def pack_codes(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack ``8 // bits`` codes per byte along the last dimension (first code lowest bits)."""
+    per = 8 // bits
+    q = q.reshape(*q.shape[:-1], q.shape[-1] // per, per).to(torch.int32)
+    shifts = torch.arange(per, dtype=torch.int32) * bits                  # (per,)
+    return (q << shifts).sum(-1).to(torch.uint8)
+
+
+def unpack_codes(p: torch.Tensor, bits: int) -> torch.Tensor:
+    per = 8 // bits
+    shifts = torch.arange(per, dtype=torch.int32) * bits
+    q = (p.to(torch.int32)[..., None] >> shifts) & (2 ** bits - 1)        # (..., n, per)
+    return q.reshape(*p.shape[:-1], p.shape[-1] * per).to(torch.uint8)
+
+
+def kivi_quantize_keys(k: torch.Tensor, bits: int, group: int) -> dict:
+    """Keys per channel: each channel of each run of ``group`` tokens gets a scale and minimum.
+    k (B, K, S, hd) with S a multiple of ``group``."""
+    B, K, S, hd = k.shape
+    g = k.reshape(B, K, S // group, group, hd).transpose(-1, -2)          # (B, K, S/G, hd, G)
+    q, scale, lo = minmax_quantize(g, bits)
+    return {"q": pack_codes(q, bits), "scale": scale, "min": lo}
+
+
+def kivi_dequantize_keys(d: dict, bits: int) -> torch.Tensor:
+    x = minmax_dequantize(unpack_codes(d["q"], bits), d["scale"], d["min"])  # (B, K, S/G, hd, G)
+    B, K, n, hd, G = x.shape
+    return x.transpose(-1, -2).reshape(B, K, n * G, hd)                   # (B, K, S, hd)
+
+
+def kivi_quantize_values(v: torch.Tensor, bits: int, group: int) -> dict:
+    """Values per token: each token's channels in runs of ``group`` share a scale and minimum."""
+    B, K, S, hd = v.shape
+    q, scale, lo = minmax_quantize(v.reshape(B, K, S, hd // group, group), bits)
+    return {"q": pack_codes(q, bits), "scale": scale, "min": lo}
+
+
+def kivi_dequantize_values(d: dict, bits: int) -> torch.Tensor:
+    x = minmax_dequantize(unpack_codes(d["q"], bits), d["scale"], d["min"])  # (B, K, S, hd/G, G)
+    return x.flatten(-2)                                                  # (B, K, S, hd)
+
+
+def quantize_block(fmt: KVFormat, k16, v16, k_scale=None, v_scale=None) -> dict:
+    """Quantize BF16-rounded keys and values (B, K, n, hd) of tokens leaving the window.
+    For KIVI, n must be a multiple of the group. Returns the stored tensors by name."""
+    if fmt.kind == "fp8":
+        return {"k": quantize_fp8(k16, k_scale), "v": quantize_fp8(v16, v_scale)}
+    if fmt.kind == "int8":
+        (kq, ks), (vq, vs) = quantize_int8_per_token(k16), quantize_int8_per_token(v16)
+        return {"k": kq, "k_scale": ks, "v": vq, "v_scale": vs}
+    kd = kivi_quantize_keys(k16, fmt.bits, fmt.group)
+    vd = kivi_quantize_values(v16, fmt.bits, fmt.group)
+    return {**{f"k_{n}": t for n, t in kd.items()}, **{f"v_{n}": t for n, t in vd.items()}}
+
+
+def dequantize_block(fmt: KVFormat, d: dict, k_scale=None, v_scale=None):
+    """The inverse of :func:`quantize_block`: (k, v) fp32 (B, K, n, hd)."""
+    if fmt.kind == "fp8":
+        return dequantize_fp8(d["k"], k_scale), dequantize_fp8(d["v"], v_scale)
+    if fmt.kind == "int8":
+        return (dequantize_int8_per_token(d["k"], d["k_scale"]),
+                dequantize_int8_per_token(d["v"], d["v_scale"]))
+    kd = {n[2:]: t for n, t in d.items() if n.startswith("k_")}
+    vd = {n[2:]: t for n, t in d.items() if n.startswith("v_")}
+    return kivi_dequantize_keys(kd, fmt.bits), kivi_dequantize_values(vd, fmt.bits)
+
+
+def fake_quantize_kv(fmt, k, v, k_scale=None, v_scale=None):
+    """Every token's key and value as the cache would return it once quantized: (kq, vq),
+    fp32 (B, K, S, hd). KIVI keys are quantized in whole groups of tokens from position 0; a
+    trailing partial group is returned in BF16 (no query ever sees it quantized)."""
+    fmt = get_format(fmt)
+    k16, v16 = to_bf16(k), to_bf16(v)
+    if fmt.kind == "bf16":
+        return k16, v16
+    n = k.shape[2] // fmt.group * fmt.group
+    kq, vq = dequantize_block(fmt, quantize_block(fmt, k16[:, :, :n], v16[:, :, :n],
+                                                  k_scale, v_scale), k_scale, v_scale)
+    return torch.cat([kq, k16[:, :, n:]], 2), torch.cat([vq, v16[:, :, n:]], 2)
+
+
+# ----------------------------------------------------------------------------- attention
+def attention(q, k, v, q_pos, kq=None, vq=None, n_quant=None, chunk: int = 512):
+    """Causal grouped-query attention of queries at absolute positions ``q_pos`` (lesson 11).
+
+    q (B, H, T, hd); k, v (B, K, S, hd); q_pos (T,) int64. With ``kq``, ``vq`` (quantized
+    copies of k, v) and ``n_quant`` (T,), query i reads keys/values ``j < n_quant[i]`` from
+    the quantized copies and the others from k, v: the per-query emulation. Queries are done
+    ``chunk`` at a time to bound memory. Returns (B, H, T, hd) in fp32 (fp64 for fp64 q).
+    """
+    B, H, T, hd = q.shape
+    K, S = k.shape[1], k.shape[2]
+    rep = H // K
+    dt = torch.promote_types(q.dtype, torch.float32)   # fp32, or fp64 in exactness tests
+    q5 = q.to(dt).reshape(B, K, rep, T, hd)                               # (B, K, rep, T, hd)
+    kT = k.to(dt)[:, :, None].transpose(-1, -2)                           # (B, K, 1, hd, S)
+    v5 = v.to(dt)[:, :, None]                                             # (B, K, 1, S, hd)
+    cols = torch.arange(S, device=q.device)
+    out = []
+    for t0 in range(0, T, chunk):
+        qc, pos = q5[:, :, :, t0:t0 + chunk], q_pos[t0:t0 + chunk]
+        s = qc @ kT / math.sqrt(hd)                                       # (B, K, rep, t, S)
+        if kq is not None:
+            use_q = cols[None, :] < n_quant[t0:t0 + chunk, None]          # (t, S)
+            sq = qc @ kq.to(dt)[:, :, None].transpose(-1, -2) / math.sqrt(hd)
+            s = torch.where(use_q, sq, s)
+        s = s.masked_fill(cols[None, :] > pos[:, None], float("-inf"))    # causal
+        p = s.softmax(-1)                                                 # (B, K, rep, t, S)
+        if kq is None:
+            y = p @ v5
+        else:
+            y = (p * use_q) @ vq.to(dt)[:, :, None] + (p * ~use_q) @ v5  # (B, K, rep, t, hd)
+        out.append(y)
+    return torch.cat(out, 3).reshape(B, H, T, hd)
+
+
+# ----------------------------------------------------------------------------- the caches
+def _check_kv(config, layer, q, k):
+    if k.shape[-1] != config.head_dim or q.shape[-1] != config.head_dim:
+        raise ValueError(f"keys have head dimension {k.shape[-1]} but this cache was made for "
+                         f"head_dim {config.head_dim}; make the cache from the model's config")
+    if k.shape[1] != config.num_key_value_heads:
+        raise ValueError(f"keys have {k.shape[1]} KV heads but the cache expects "
+                         f"{config.num_key_value_heads}")
+    if not 0 <= layer < config.num_hidden_layers:
+        raise ValueError(f"layer {layer} out of range 0..{config.num_hidden_layers - 1}")
+
+
+def _fp8_scales(fmt, scales, config, layer):
+    if fmt.kind != "fp8":
+        return None, None
+    return scales.k[layer], scales.v[layer]
+
+
+class QuantizedKVCache:
+    """The model's KV cache stored in ``fmt`` (lesson 11): pass it to ``model(ids, cache)`` or
+    ``model.generate(..., cache=QuantizedKVCache(...))``.
+
+    Per layer it holds the quantized tokens' codes and scales and a BF16 tail (the recent
+    window). FP8 needs ``scales`` from :func:`calibrate`. A chunk of several new tokens
+    (a prompt) is stored first and then attended to, so every query of the chunk sees the
+    cache as it stands after the chunk; token-by-token decode sees exactly what
+    :class:`PerQueryEmulation` models.
+    """
+
+    def __init__(self, config, fmt="bf16", scales: "FP8Scales | None" = None,
+                 window: int | None = None, group: int = DEFAULT_GROUP):
+        self.config = getattr(config, "config", config)
+        self.fmt = get_format(fmt, window, group)
+        check_head_dim(self.fmt, self.config.head_dim)
+        if self.fmt.kind == "fp8":
+            if scales is None:
+                raise ValueError(f"{self.fmt.name} needs calibrated scales: "
+                                 f"scales = kv.calibrate(model, ids, per_head=...)")
+            self.scales = scales.for_format(self.fmt, self.config)
+        else:
+            self.scales = None
+        L = self.config.num_hidden_layers
+        self.quant: list[dict | None] = [None] * L      # stored codes and scales
+        self.n_quant = [0] * L
+        self.tail_k: list[torch.Tensor | None] = [None] * L   # (B, K, t, hd) bf16
+        self.tail_v: list[torch.Tensor | None] = [None] * L
+
+    def layer_length(self, layer: int) -> int:
+        t = self.tail_k[layer]
+        return self.n_quant[layer] + (0 if t is None else t.shape[2])
+
+    def length(self) -> int:
+        return self.layer_length(0)
+
+    def append(self, layer: int, k, v) -> None:
+        """Store new keys and values (B, K, T, hd); quantize the tokens that left the window."""
+        if self.tail_k[layer] is not None:
+            k = torch.cat([self.tail_k[layer].float(), k.float()], 2)
+            v = torch.cat([self.tail_v[layer].float(), v.float()], 2)
+        total = self.n_quant[layer] + k.shape[2]
+        move = self.fmt.quantized_count(total) - self.n_quant[layer]
+        if move:
+            ks, vs = _fp8_scales(self.fmt, self.scales, self.config, layer)
+            block = quantize_block(self.fmt, to_bf16(k[:, :, :move]), to_bf16(v[:, :, :move]),
+                                   ks, vs)
+            old = self.quant[layer]
+            self.quant[layer] = block if old is None else {
+                n: torch.cat([old[n], t], 2) for n, t in block.items()}
+            self.n_quant[layer] += move
+        self.tail_k[layer] = k[:, :, move:].to(torch.bfloat16)
+        self.tail_v[layer] = v[:, :, move:].to(torch.bfloat16)
+
+    def keys_values(self, layer: int):
+        """Everything cached for ``layer`` as attention reads it: (k, v) fp32 (B, K, S, hd)."""
+        k, v = self.tail_k[layer].float(), self.tail_v[layer].float()
+        if self.quant[layer] is not None:
+            ks, vs = _fp8_scales(self.fmt, self.scales, self.config, layer)
+            kq, vq = dequantize_block(self.fmt, self.quant[layer], ks, vs)
+            k, v = torch.cat([kq, k], 2), torch.cat([vq, v], 2)
+        return k, v
+
+    def attend(self, layer: int, q, k, v):
+        """The model's hook: store k, v (B, K, T, hd), attend q (B, H, T, hd) to the cache."""
+        _check_kv(self.config, layer, q, k)
+        past, T = self.layer_length(layer), q.shape[2]
+        limit = self.config.max_position_embeddings
+        if past + T > limit:
+            raise ValueError(f"the cache would hold {past + T} tokens, past the model's context "
+                             f"of {limit}; trim the prompt or generate fewer tokens")
+        self.append(layer, k, v)
+        K_all, V_all = self.keys_values(layer)
+        pos = torch.arange(past, past + T, device=q.device)
+        return attention(q, K_all, V_all, pos).to(q.dtype)
+
+    def nbytes(self) -> int:
+        """Bytes this cache holds: codes, scales, BF16 window, and FP8's fixed scales."""
+        total = 0
+        for layer in range(self.config.num_hidden_layers):
+            for t in (self.tail_k[layer], self.tail_v[layer]):
+                total += 0 if t is None else t.numel() * t.element_size()
+            for t in (self.quant[layer] or {}).values():
+                total += t.numel() * t.element_size()
+        if self.scales is not None:
+            total += sum(t.numel() * t.element_size() for t in self.scales.k + self.scales.v)
+        return total
+
+
+class PerQueryEmulation:
+    """Score a whole window in one forward pass as if it were decoded token by token (lesson 11).
+
+    Use once per forward, on an empty context: ``model(ids, PerQueryEmulation(model, fmt))``.
+    For query i, keys and values of tokens ``j < fmt.quantized_count(i + 1)`` are read
+    quantized and the rest in BF16, the state of :class:`QuantizedKVCache` when token i is
+    decoded.
+    """
+
+    def __init__(self, config, fmt="bf16", scales: "FP8Scales | None" = None,
+                 window: int | None = None, group: int = DEFAULT_GROUP):
+        self.config = getattr(config, "config", config)
+        self.fmt = get_format(fmt, window, group)
+        check_head_dim(self.fmt, self.config.head_dim)
+        if self.fmt.kind == "fp8" and scales is None:
+            raise ValueError(f"{self.fmt.name} needs calibrated scales: kv.calibrate(model, ids)")
+        self.scales = scales.for_format(self.fmt, self.config) if self.fmt.kind == "fp8" else None
+
+    def length(self) -> int:
+        return 0          # every forward starts a fresh window
+
+    def attend(self, layer: int, q, k, v):
+        _check_kv(self.config, layer, q, k)
+        T = q.shape[2]
+        if T > self.config.max_position_embeddings:
+            raise ValueError(f"a window of {T} tokens is past the model's context of "
+                             f"{self.config.max_position_embeddings}; use a shorter window")
+        pos = torch.arange(T, device=q.device)
+        if self.fmt.kind == "bf16":
+            return attention(q, to_bf16(k), to_bf16(v), pos).to(q.dtype)
+        ks, vs = _fp8_scales(self.fmt, self.scales, self.config, layer)
+        kq, vq = fake_quantize_kv(self.fmt, k, v, ks, vs)                 # (B, K, T, hd)
+        n_quant = torch.tensor([self.fmt.quantized_count(i + 1) for i in range(T)],
+                               device=q.device)
+        return attention(q, to_bf16(k), to_bf16(v), pos, kq, vq, n_quant).to(q.dtype)
+
+
+# ----------------------------------------------------------------------------- calibration
+@dataclass
+class FP8Scales:
+    """Largest |key| and |value| seen per layer and KV head on calibration text (lesson 11).
+    ``k``, ``v``: lists (one per layer) of (K,) fp32 absmax tensors."""
+    k: list
+    v: list
+
+    def for_format(self, fmt: KVFormat, config) -> "FP8Scales":
+        """Scales = absmax / 448, per head (``fp8_head``) or one per layer (``fp8_tensor``)."""
+        if len(self.k) != config.num_hidden_layers or self.k[0].numel() != config.num_key_value_heads:
+            raise ValueError("these FP8 scales were calibrated on a model of another shape")
+
+        def one(a):
+            a = a.float() if fmt.per_head else a.float().max().reshape(1)
+            return torch.where(a > 0, a / FP8_MAX, torch.ones_like(a))
+        return FP8Scales([one(a) for a in self.k], [one(a) for a in self.v])
+
+
+class _Recorder:
+    """A cache-shaped hook that records |k|, |v| maxima and attends in full precision."""
+
+    def __init__(self, config):
+        self.config = config
+        L, K = config.num_hidden_layers, config.num_key_value_heads
+        self.k = [torch.zeros(K) for _ in range(L)]
+        self.v = [torch.zeros(K) for _ in range(L)]
+
+    def length(self):
+        return 0
+
+    def attend(self, layer, q, k, v):
+        self.k[layer] = torch.maximum(self.k[layer], to_bf16(k).abs().amax((0, 2, 3)))
+        self.v[layer] = torch.maximum(self.v[layer], to_bf16(v).abs().amax((0, 2, 3)))
+        return attention(q, to_bf16(k), to_bf16(v), torch.arange(q.shape[2])).to(q.dtype)
+
+
+@torch.no_grad()
+def calibrate(model, ids, window: int = 512) -> FP8Scales:
+    """Run ``model`` over calibration ids (N,) in windows and record per-layer, per-head key
+    and value maxima (lesson 11). Never calibrate on the text you evaluate on."""
+    from course_lib import eval as ceval
+
+    rec = _Recorder(model.config)
+    w = ceval.make_windows(ids, min(window, len(ids) - 1))                # (n, W+1)
+    for row in w:
+        model(row[None, :-1], rec)
+    return FP8Scales(rec.k, rec.v)
+
+
+@torch.no_grad()
+def record_keys_values(model, ids, layer: int):
+    """Keys and values of one layer on ids (T,) after RoPE: (k, v) each (K, T, hd) (lesson 11's
+    outlier plot)."""
+    out = {}
+
+    class _Grab(_Recorder):
+        def attend(self, l, q, k, v):
+            if l == layer:
+                out["k"], out["v"] = k[0].float(), v[0].float()
+            return super().attend(l, q, k, v)
+
+    model(torch.as_tensor(ids)[None], _Grab(model.config))
+    return out["k"], out["v"]
+
+
+# ----------------------------------------------------------------------------- quality
+@torch.no_grad()
+def window_scores(model, ids, formats, scales: FP8Scales | None = None,
+                  window: int | None = None, group: int = DEFAULT_GROUP) -> dict:
+    """Score one window ids (T+1,) with every cache format in one forward pass each (lesson 11).
+
+    Returns {format: {"nll": (T,), "kl": (T,), "agree": (T,) bool}}: next-token negative
+    log-likelihood, KL(bf16 cache || format) in nats and top-1 agreement with the bf16 cache,
+    per position. ``window``: KIVI's recent window (None: 128).
+    """
+    ids = torch.as_tensor(ids)
+    T = ids.numel() - 1
+    if T > model.config.max_position_embeddings:
+        raise ValueError(f"a window of {T} tokens is past the model's context of "
+                         f"{model.config.max_position_embeddings}; use a shorter context")
+    if window is not None and window >= T:
+        raise ValueError(f"the recent window ({window} tokens) is not shorter than the context "
+                         f"({T}): nothing would be quantized; use a longer context or a "
+                         f"smaller window")
+    x, tgt = ids[None, :-1], ids[1:]
+    out, ref = {}, None
+    for name in ["bf16"] + [f for f in formats if f != "bf16"]:
+        fmt = get_format(name, window if name.startswith("kivi") else None, group)
+        lp = F.log_softmax(model(x, PerQueryEmulation(model, fmt, scales))[0].float(), -1)
+        if ref is None:
+            ref = lp
+        out[name] = {"nll": -lp.gather(1, tgt[:, None])[:, 0],
+                     "kl": (ref.exp() * (ref - lp)).sum(-1).clamp_min(0),
+                     "agree": lp.argmax(-1) == ref.argmax(-1)}
+        del lp
+    return {f: out[f] for f in formats}
+
+
+def by_position(scores: list[dict], bins) -> dict:
+    """Average per-position scores of several windows into position bins (lesson 11).
+
+    ``bins``: edges such as (0, 128, 512, 1024, 4096). Returns {format: [ {"from", "to",
+    "ppl", "kl", "top1"} per bin ]}.
+    """
+    out = {}
+    for f in scores[0]:
+        nll = torch.stack([s[f]["nll"] for s in scores])                  # (n, T)
+        kl = torch.stack([s[f]["kl"] for s in scores])
+        agree = torch.stack([s[f]["agree"] for s in scores]).float()
+        rows = []
+        for a, b in zip(bins[:-1], bins[1:]):
+            b = min(b, nll.shape[1])
+            if a >= b:
+                break
+            rows.append({"from": int(a), "to": int(b), "ppl": math.exp(float(nll[:, a:b].mean())),
+                         "kl": float(kl[:, a:b].mean()), "top1": float(agree[:, a:b].mean())})
+        out[f] = rows
+    return out
+
+
+# ----------------------------------------------------------------------------- results command
+def _bins(context: int):
+    edges = [0, 128, 256, 512, 1024, 2048, 4096, 8192]
+    return [e for e in edges if e < context] + [context]
+
+
+def _load(model_name: str):
+    """(model, calibration ids, evaluation ids, bytes per token) for 'smollm2' or 'tiny'."""
+    from course_lib import data
+    if model_name == "smollm2":
+        from course_lib import smollm
+        if not smollm.available():
+            raise RuntimeError("SmolLM2 is not available here (see course_lib.smollm)")
+        model = smollm.load()
+        cal_text, _ = smollm.texts()
+        tok = smollm.tokenizer()
+        return model, torch.tensor(tok.encode(cal_text)), smollm.eval_ids()
+    from course_lib.model import load_pretrained
+    text = data.heldout_text()
+    half = len(text) // 2   # the bundled model: calibrate on the second half, evaluate on the first
+    return load_pretrained(), data.to_tensor(text[half:]), data.to_tensor(text[:half])
+
+
+def eval_windows(eval_ids: torch.Tensor, context: int, n_windows: int) -> torch.Tensor:
+    """``n_windows`` windows of ``context`` + 1 tokens spread evenly over the evaluation ids
+    (different topics), (n, context + 1) (lesson 11)."""
+    n_fit = (len(eval_ids) - 1) // context
+    if n_fit < n_windows:
+        raise ValueError(f"the evaluation text holds {n_fit} windows of {context} tokens; "
+                         f"asked for {n_windows}")
+    starts = [round(i * (n_fit - 1) / max(n_windows - 1, 1)) * context for i in range(n_windows)]
+    return torch.stack([eval_ids[s:s + context + 1] for s in starts])
+
+
+def run(model_name: str = "smollm2", context: int = 4096, n_windows: int = 3,
+        formats=FORMAT_NAMES, cal_tokens: int = 4096, live: dict | None = None,
+        out: str | Path | None = None, log=print) -> dict:
+    """Quality against context length for every format; writes ``results/kv_<model>.json``.
+
+    ``live``: the short slice the lesson recomputes (context, formats), stored beside it.
+    """
+    torch.manual_seed(0)
+    t0 = time.time()
+    model, cal_ids, eval_ids = _load(model_name)
+    scales = calibrate(model, cal_ids[:cal_tokens + 1])
+    L, K, hd = shape_of(model)
+    res = {"model": model_name, "context": context, "n_windows": n_windows,
+           "window": DEFAULT_WINDOW, "group": DEFAULT_GROUP, "calibration_tokens": cal_tokens,
+           "shape": {"layers": L, "kv_heads": K, "head_dim": hd},
+           "bytes_per_token": {f: bytes_per_token(f, L, K, hd, context) for f in formats},
+           "bits_per_value": {f: bits_per_value(f, hd) for f in formats}}
+    scores = []
+    for i, w in enumerate(eval_windows(eval_ids, context, n_windows)):
+        scores.append(window_scores(model, w, formats, scales))
+        log(f"window {i + 1}/{n_windows} done, {time.time() - t0:.0f} s")
+    res["by_position"] = by_position(scores, _bins(context))
+    res["overall"] = {f: by_position(scores, [0, context])[f][0] for f in formats}
+    if live:
+        res["live"] = live_slice(model, eval_ids, scales, **live)
+    res["seconds"] = round(time.time() - t0, 1)
+    path = Path(out or Path(__file__).resolve().parent.parent / "results" / f"kv_{model_name}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=1) + "\n")
+    log(f"wrote {path}")
+    return res
+
+
+def live_slice(model, eval_ids, scales, context: int = 384, formats=("fp8_tensor", "int8",
+               "kivi2"), window: int = 64) -> dict:
+    """The slice lesson 11 recomputes live: the first window of ``context`` tokens, KIVI's
+    window shortened to ``window``. {format: {"ppl", "kl", "top1"}}."""
+    s = window_scores(model, eval_ids[:context + 1], formats, scales, window=window)
+    rows = by_position([s], [0, context])
+    return {"context": context, "window": window,
+            "scores": {f: rows[f][0] for f in formats}}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description="KV-cache quality against context length (lesson 11)")
+    p.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
+    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--windows", type=int, default=3)
+    a = p.parse_args(argv)
+    live = {"context": 384, "window": 64} if a.model == "smollm2" else {"context": 192, "window": 32}
+    run(a.model, a.context, a.windows, live=live)
+
+
+if __name__ == "__main__":
+    main()

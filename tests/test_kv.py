@@ -1,0 +1,208 @@
+"""course_lib.kv: quantized KV caches, their byte accounting, and the per-query emulation
+checked against token-by-token decode with the real cache (bundled model; fast)."""
+import math
+
+import pytest
+import torch
+
+from course_lib import data, hardware, kv
+from course_lib.model import KVCache, generate, load_pretrained
+
+
+@pytest.fixture(scope="module")
+def model64():
+    return load_pretrained(dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_pretrained()
+
+
+@pytest.fixture(scope="module")
+def scales(model):
+    text = data.heldout_text()
+    return kv.calibrate(model, data.to_tensor(text[-1025:]), window=256)  # not the eval text
+
+
+def _eval_ids(n):
+    return data.to_tensor(data.heldout_text(n))
+
+
+# ---------------------------------------------------------------- formats and bytes
+
+def test_quantized_count_keeps_the_window_in_whole_groups():
+    f = kv.get_format("kivi2")                        # window 128, groups of 32
+    assert (f.window, f.group, f.bits) == (128, 32, 2)
+    assert [f.quantized_count(n) for n in (0, 100, 128, 159, 160, 191, 192, 4096)] == \
+        [0, 0, 0, 0, 32, 32, 64, 3968]
+    assert kv.get_format("int8").quantized_count(7) == 7          # every token, at once
+    assert kv.get_format("bf16").quantized_count(7) == 0
+
+
+def test_bf16_bytes_agree_with_hardware():
+    for L, K, hd in [(4, 2, 32), (30, 3, 64), (80, 8, 128)]:
+        for tokens in (1, 777, 4096):
+            assert kv.bytes_per_token("bf16", L, K, hd, tokens) == \
+                hardware.kv_bytes_per_token(L, K, hd, 2)
+    # SmolLM2-135M: 30 layers x 3 KV heads x 64 -> 23,040 B ("about 23 KB"); 70B: 320 KiB
+    assert kv.bytes_per_token("bf16", 30, 3, 64, 100) == 23040
+    assert kv.bytes_per_token("bf16", *kv.shape_of("70B"), 100) == 320 * 1024
+
+
+def test_exact_bytes_by_hand():
+    # fp8 per tensor, 2 layers x 1 head x hd 64, 10 tokens: 2*10*64 codes per layer + 2 fp32 scales
+    assert kv.cache_bytes("fp8_tensor", 2, 1, 64, 10) == 2 * (2 * 10 * 64) + 2 * 2 * 4
+    assert kv.cache_bytes("fp8_head", 2, 3, 64, 10) == 2 * 3 * (2 * 10 * 64) + 2 * 2 * 3 * 4
+    # int8: one fp16 scale per token and head, K and V
+    assert kv.cache_bytes("int8", 1, 1, 64, 10) == 2 * 10 * (64 + 2)
+    # kivi2, window 128, groups of 32, 1000 tokens: 864 quantized, 136 in bf16
+    keys = 864 * 64 * 2 // 8 + (864 // 32) * 64 * 4       # codes + scale&min per channel/32 tokens
+    values = 864 * 64 * 2 // 8 + 864 * (64 // 32) * 4     # codes + scale&min per token/32 channels
+    assert kv.cache_bytes("kivi2", 1, 1, 64, 1000) == keys + values + 2 * 136 * 64 * 2 == 76288
+    assert kv.cache_bytes("kivi2", 3, 2, 64, 1000, batch=5) == 76288 * 30
+    # far from the window: 3 bits per value for kivi2 (2 + 32/32), 5 for kivi4, 8.25 int8 @ hd 64
+    assert [kv.bits_per_value(f, 64) for f in ("bf16", "fp8_head", "int8", "kivi4", "kivi2")] == \
+        [16, 8, 8.25, 5, 3]
+    assert math.isclose(kv.bytes_per_token("kivi2", 1, 1, 64, 10 ** 6) * 8 / 128, 3, rel_tol=1e-3)
+
+
+@pytest.mark.parametrize("fmt", kv.FORMAT_NAMES)
+def test_real_cache_holds_exactly_the_accounted_bytes(model, scales, fmt):
+    c = kv.QuantizedKVCache(model, fmt, scales, window=40 if fmt.startswith("kivi") else None)
+    ids = _eval_ids(150)[None]
+    model(ids[:, :90], c)                          # a prompt, then tokens one by one
+    for i in range(90, 150):
+        model(ids[:, i:i + 1], c)
+    assert c.length() == 150
+    assert c.nbytes() == kv.cache_bytes(c.fmt, *kv.shape_of(model), 150)
+
+
+# ---------------------------------------------------------------- quantizers
+
+def test_pack_codes_by_hand():
+    q = torch.tensor([[1, 2, 3, 0, 3, 3, 3, 3]], dtype=torch.uint8)
+    assert kv.pack_codes(q, 2).tolist() == [[0b00111001, 0xFF]]
+    assert kv.pack_codes(torch.tensor([[5, 12]], dtype=torch.uint8), 4).tolist() == [[0xC5]]
+    r = torch.randint(0, 16, (3, 5, 64), dtype=torch.uint8)
+    assert torch.equal(kv.unpack_codes(kv.pack_codes(r, 4), 4), r)
+
+
+def test_minmax_by_hand():
+    q, s, lo = kv.minmax_quantize(torch.tensor([[-1.0, 0.0, 0.5, 2.0]]), 2)
+    assert (float(s), float(lo)) == (1.0, -1.0)
+    assert q.tolist() == [[0, 1, 2, 3]]            # 0.5 -> 1.5 rounds half to even: 2
+
+
+def test_int8_per_token_error_is_under_half_a_step():
+    x = torch.randn(2, 3, 17, 64) * torch.linspace(0.01, 50, 17)[:, None]
+    q, s = kv.quantize_int8_per_token(x)
+    err = (kv.dequantize_int8_per_token(q, s) - x).abs().amax(-1)     # (2, 3, 17)
+    assert q.dtype == torch.int8 and s.shape == (2, 3, 17)
+    assert bool((err <= s.float() * 0.5 + 1e-6).all())
+
+
+def test_keys_want_per_channel_scales():
+    """A planted outlier channel (as real keys have): per-channel groups protect the other
+    channels; per-token groups let the outlier set every token's step."""
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(1, 1, 64, 64, generator=g)
+    k[..., 5] *= 40                                    # one outlier channel
+    per_channel = kv.kivi_dequantize_keys(kv.kivi_quantize_keys(k, 2, 32), 2)
+    per_token = kv.kivi_dequantize_values(kv.kivi_quantize_values(k, 2, 32), 2)
+    normal = [c for c in range(64) if c != 5]
+    err_c = (per_channel - k)[..., normal].pow(2).mean()
+    err_t = (per_token - k)[..., normal].pow(2).mean()
+    assert err_c < err_t / 10
+
+
+def test_fp8_saturates_past_the_calibrated_range():
+    scale = torch.tensor([0.01])                         # calibrated max 4.48
+    codes = kv.quantize_fp8(torch.tensor([[[[100.0, -3.0, 1.0]]]]), scale)
+    assert codes.dtype == torch.float8_e4m3fn
+    assert kv.dequantize_fp8(codes, scale).flatten().tolist()[0] == pytest.approx(4.48)
+
+
+def test_calibration_records_per_head_maxima(model, scales):
+    ids = data.to_tensor(data.heldout_text()[-1025:])
+    k, v = kv.record_keys_values(model, ids[:256], 0)
+    assert k.shape == (2, 256, 32)
+    one = kv.calibrate(model, ids[:257], window=256)       # the same 256 tokens
+    assert torch.equal(one.k[0], kv.to_bf16(k).abs().amax((1, 2)))
+    assert torch.equal(one.v[0], kv.to_bf16(v).abs().amax((1, 2)))
+    assert bool((scales.k[0] >= one.k[0]).all())           # more text: maxima only grow
+    per_tensor = scales.for_format(kv.get_format("fp8_tensor"), model.config)
+    assert per_tensor.k[0].shape == (1,)
+    assert float(per_tensor.k[0]) == pytest.approx(float(scales.k[0].max()) / 448)
+
+
+# ---------------------------------------------------------------- emulation vs the real cache
+
+@pytest.mark.parametrize("fmt", kv.FORMAT_NAMES)
+def test_emulation_equals_token_by_token_decode(model64, fmt):
+    """In float64 (no rounding noise between the two orders of summation) the per-query
+    emulation of a whole window and token-by-token decode with the real cache agree."""
+    text = data.heldout_text()
+    sc = kv.calibrate(model64, data.to_tensor(text[-513:]), window=256)
+    window = 24 if fmt.startswith("kivi") else None
+    f = kv.get_format(fmt, window, 16)
+    ids = _eval_ids(121)[None]
+    emulated = model64(ids[:, :-1], kv.PerQueryEmulation(model64, f, sc))[0]    # (120, V)
+    cache = kv.QuantizedKVCache(model64, f, sc)
+    decoded = torch.stack([model64(ids[:, i:i + 1], cache)[0, 0] for i in range(120)])
+    assert (emulated - decoded).abs().max() < 1e-4
+    if fmt != "bf16":                      # and the format does change the logits
+        plain = model64(ids[:, :-1])[0]
+        assert (emulated - plain).abs().max() > 1e-3
+
+
+def test_bf16_cache_generates_like_the_plain_cache(model):
+    ids = _eval_ids(40)[None]
+    plain = generate(model, ids, 20)
+    assert torch.equal(generate(model, ids, 20, cache=kv.QuantizedKVCache(model, "bf16")), plain)
+    out = generate(model, ids, 20, cache=kv.QuantizedKVCache(model, "kivi2", window=8, group=8))
+    assert out.shape == plain.shape
+    full = KVCache(4)
+    model(ids, full)
+    with pytest.raises(ValueError, match="empty cache"):
+        generate(model, ids, 2, cache=full)
+
+
+def test_quality_orders_the_formats(model, scales):
+    s = kv.window_scores(model, _eval_ids(257), list(kv.FORMAT_NAMES), scales, window=32)
+    kl = {f: float(s[f]["kl"].mean()) for f in kv.FORMAT_NAMES}
+    assert kl["bf16"] == 0 and bool(s["bf16"]["agree"].all())
+    assert 0 < kl["int8"] < kl["kivi2"] and 0 < kl["kivi4"] < kl["kivi2"]
+    assert kl["fp8_head"] < kl["kivi2"]
+    rows = kv.by_position([s, s], [0, 32, 256])["kivi2"]
+    assert [(r["from"], r["to"]) for r in rows] == [(0, 32), (32, 256)]
+    assert rows[0]["kl"] == 0                      # the first 32 tokens sit in the window
+    assert rows[1]["kl"] > 0
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_bad_input_says_what_to_do(model, scales):
+    with pytest.raises(ValueError, match="unknown KV-cache format 'fp4'.*known: bf16"):
+        kv.get_format("fp4")
+    with pytest.raises(ValueError, match="window"):
+        kv.get_format("kivi2", window=-1)
+    with pytest.raises(ValueError, match="pack whole bytes"):
+        kv.get_format("kivi2", group=6)
+    with pytest.raises(ValueError, match="does not divide the head dimension 32"):
+        kv.QuantizedKVCache(model, "kivi4", group=24)
+    with pytest.raises(ValueError, match="calibrated scales"):
+        kv.QuantizedKVCache(model, "fp8_head")
+    c = kv.QuantizedKVCache(model, "int8")
+    with pytest.raises(ValueError, match="past the model's context of 256"):
+        model(_eval_ids(257)[None], c)
+    q = torch.zeros(1, 8, 1, 16)
+    with pytest.raises(ValueError, match="head_dim 32"):
+        kv.QuantizedKVCache(model, "int8").attend(0, q, torch.zeros(1, 2, 1, 16), q[:, :2])
+    with pytest.raises(ValueError, match="not shorter than the context"):
+        kv.window_scores(model, _eval_ids(101), ["kivi2"], window=100)
+    with pytest.raises(ValueError, match="past the model's context"):
+        kv.window_scores(model, _eval_ids(300), ["int8"])
+    with pytest.raises(ValueError, match="another shape"):
+        kv.FP8Scales(scales.k[:2], scales.v[:2]).for_format(kv.get_format("fp8_head"),
+                                                            model.config)
