@@ -78,6 +78,7 @@ class KVFormat:
 
 
 FORMAT_NAMES = ("bf16", "fp8_tensor", "fp8_head", "int8", "kivi4", "kivi2")
+LIVE_FORMATS = ("fp8_tensor", "int8", "kivi2")   # what lesson 11 recomputes live
 
 
 def get_format(name, window: int | None = None, group: int = DEFAULT_GROUP) -> KVFormat:
@@ -330,38 +331,26 @@ def fake_quantize_kv(fmt, k, v, k_scale=None, v_scale=None):
 
 
 # ----------------------------------------------------------------------------- attention
-def attention(q, k, v, q_pos, kq=None, vq=None, n_quant=None, chunk: int = 512):
+def attention(q, k, v, q_pos, kq=None, vq=None, n_quant=None):
     """Causal grouped-query attention of queries at absolute positions ``q_pos`` (lesson 11).
 
     q (B, H, T, hd); k, v (B, K, S, hd); q_pos (T,) int64. With ``kq``, ``vq`` (quantized
     copies of k, v) and ``n_quant`` (T,), query i reads keys/values ``j < n_quant[i]`` from
-    the quantized copies and the others from k, v: the per-query emulation. Queries are done
-    ``chunk`` at a time to bound memory. Returns (B, H, T, hd) in fp32 (fp64 for fp64 q).
+    the quantized copies and the others from k, v: the per-query emulation. It is one
+    attention over both copies side by side, [kq | k], with a mask that lets each query see
+    each token once, from the copy it would read. Returns (B, H, T, hd) in fp32 (fp64 for
+    fp64 inputs).
     """
-    B, H, T, hd = q.shape
-    K, S = k.shape[1], k.shape[2]
-    rep = H // K
     dt = torch.promote_types(q.dtype, torch.float32)   # fp32, or fp64 in exactness tests
-    q5 = q.to(dt).reshape(B, K, rep, T, hd)                               # (B, K, rep, T, hd)
-    kT = k.to(dt)[:, :, None].transpose(-1, -2)                           # (B, K, 1, hd, S)
-    v5 = v.to(dt)[:, :, None]                                             # (B, K, 1, S, hd)
+    S = k.shape[2]
     cols = torch.arange(S, device=q.device)
-    out = []
-    for t0 in range(0, T, chunk):
-        qc, pos = q5[:, :, :, t0:t0 + chunk], q_pos[t0:t0 + chunk]
-        s = qc @ kT / math.sqrt(hd)                                       # (B, K, rep, t, S)
-        if kq is not None:
-            use_q = cols[None, :] < n_quant[t0:t0 + chunk, None]          # (t, S)
-            sq = qc @ kq.to(dt)[:, :, None].transpose(-1, -2) / math.sqrt(hd)
-            s = torch.where(use_q, sq, s)
-        s = s.masked_fill(cols[None, :] > pos[:, None], float("-inf"))    # causal
-        p = s.softmax(-1)                                                 # (B, K, rep, t, S)
-        if kq is None:
-            y = p @ v5
-        else:
-            y = (p * use_q) @ vq.to(dt)[:, :, None] + (p * ~use_q) @ v5  # (B, K, rep, t, hd)
-        out.append(y)
-    return torch.cat(out, 3).reshape(B, H, T, hd)
+    allowed = cols[None, :] <= q_pos[:, None]                              # (T, S) causal
+    if kq is not None:
+        use_q = cols[None, :] < n_quant[:, None]                           # (T, S)
+        allowed = torch.cat([allowed & use_q, allowed & ~use_q], 1)        # (T, 2S)
+        k, v = torch.cat([kq, k], 2), torch.cat([vq, v], 2)                # (B, K, 2S, hd)
+    return F.scaled_dot_product_attention(q.to(dt), k.to(dt), v.to(dt), attn_mask=allowed,
+                                          enable_gqa=True)                 # (B, H, T, hd)
 
 
 # ----------------------------------------------------------------------------- the caches
@@ -503,6 +492,8 @@ class PerQueryEmulation:
             return attention(q, to_bf16(k), to_bf16(v), pos).to(q.dtype)
         ks, vs = _fp8_scales(self.fmt, self.scales, self.config, layer)
         kq, vq = fake_quantize_kv(self.fmt, k, v, ks, vs)                 # (B, K, T, hd)
+        if self.fmt.window == 0 and self.fmt.group == 1:   # every token read quantized
+            return attention(q, kq, vq, pos).to(q.dtype)
         n_quant = torch.tensor([self.fmt.quantized_count(i + 1) for i in range(T)],
                                device=q.device)
         return attention(q, to_bf16(k), to_bf16(v), pos, kq, vq, n_quant).to(q.dtype)
@@ -643,9 +634,7 @@ def _load(model_name: str):
         if not smollm.available():
             raise RuntimeError("SmolLM2 is not available here (see course_lib.smollm)")
         model = smollm.load()
-        cal_text, _ = smollm.texts()
-        tok = smollm.tokenizer()
-        return model, torch.tensor(tok.encode(cal_text)), smollm.eval_ids()
+        return model, smollm.calibration_ids(), smollm.eval_ids()
     from course_lib.model import load_pretrained
     text = data.heldout_text()
     half = len(text) // 2   # the bundled model: calibrate on the second half, evaluate on the first
@@ -664,7 +653,7 @@ def eval_windows(eval_ids: torch.Tensor, context: int, n_windows: int) -> torch.
 
 
 def run(model_name: str = "smollm2", context: int = 4096, n_windows: int = 3,
-        formats=FORMAT_NAMES, cal_tokens: int = 4096, live: dict | None = None,
+        formats=FORMAT_NAMES, cal_tokens: int = 1024, live: dict | None = None,
         out: str | Path | None = None, log=print) -> dict:
     """Quality against context length for every format; writes ``results/kv_<model>.json``.
 
@@ -680,24 +669,25 @@ def run(model_name: str = "smollm2", context: int = 4096, n_windows: int = 3,
            "shape": {"layers": L, "kv_heads": K, "head_dim": hd},
            "bytes_per_token": {f: bytes_per_token(f, L, K, hd, context) for f in formats},
            "bits_per_value": {f: bits_per_value(f, hd) for f in formats}}
+    if live:
+        res["live"] = live_slice(model, eval_ids, scales, **live)
+        log(f"live slice done, {time.time() - t0:.0f} s")
+    path = Path(out or Path(__file__).resolve().parent.parent / "results" / f"kv_{model_name}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
     scores = []
     for i, w in enumerate(eval_windows(eval_ids, context, n_windows)):
         scores.append(window_scores(model, w, formats, scales))
-        log(f"window {i + 1}/{n_windows} done, {time.time() - t0:.0f} s")
-    res["by_position"] = by_position(scores, _bins(context))
-    res["overall"] = {f: by_position(scores, [0, context])[f][0] for f in formats}
-    if live:
-        res["live"] = live_slice(model, eval_ids, scales, **live)
-    res["seconds"] = round(time.time() - t0, 1)
-    path = Path(out or Path(__file__).resolve().parent.parent / "results" / f"kv_{model_name}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(res, indent=1) + "\n")
-    log(f"wrote {path}")
+        res["windows_done"] = i + 1          # written after every window: a partial run counts
+        res["by_position"] = by_position(scores, _bins(context))
+        res["overall"] = {f: by_position(scores, [0, context])[f][0] for f in formats}
+        res["seconds"] = round(time.time() - t0, 1)
+        path.write_text(json.dumps(res, indent=1) + "\n")
+        log(f"window {i + 1}/{n_windows} done, {time.time() - t0:.0f} s; wrote {path}")
     return res
 
 
-def live_slice(model, eval_ids, scales, context: int = 384, formats=("fp8_tensor", "int8",
-               "kivi2"), window: int = 64) -> dict:
+def live_slice(model, eval_ids, scales, context: int = 320, formats=LIVE_FORMATS,
+               window: int = 64) -> dict:
     """The slice lesson 11 recomputes live: the first window of ``context`` tokens, KIVI's
     window shortened to ``window``. {format: {"ppl", "kl", "top1"}}."""
     s = window_scores(model, eval_ids[:context + 1], formats, scales, window=window)
@@ -712,7 +702,7 @@ def main(argv=None) -> None:
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--windows", type=int, default=3)
     a = p.parse_args(argv)
-    live = {"context": 384, "window": 64} if a.model == "smollm2" else {"context": 192, "window": 32}
+    live = {"context": 320, "window": 64} if a.model == "smollm2" else {"context": 192, "window": 32}
     run(a.model, a.context, a.windows, live=live)
 
 
