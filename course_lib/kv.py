@@ -268,6 +268,9 @@ def kivi_quantize_keys(k: torch.Tensor, bits: int, group: int) -> dict:
     """Keys per channel: each channel of each run of ``group`` tokens gets a scale and minimum.
     k (B, K, S, hd) with S a multiple of ``group``."""
     B, K, S, hd = k.shape
+    if S % group:
+        raise ValueError(f"keys are quantized per channel in groups of {group} tokens; got "
+                         f"{S} tokens, not a multiple of {group}: keep the rest in BF16")
     g = k.reshape(B, K, S // group, group, hd).transpose(-1, -2)          # (B, K, S/G, hd, G)
     q, scale, lo = minmax_quantize(g, bits)
     return {"q": pack_codes(q, bits), "scale": scale, "min": lo}
@@ -282,6 +285,9 @@ def kivi_dequantize_keys(d: dict, bits: int) -> torch.Tensor:
 def kivi_quantize_values(v: torch.Tensor, bits: int, group: int) -> dict:
     """Values per token: each token's channels in runs of ``group`` share a scale and minimum."""
     B, K, S, hd = v.shape
+    if hd % group:
+        raise ValueError(f"values are quantized per token in groups of {group} channels; the "
+                         f"head dimension {hd} is not a multiple of {group}")
     q, scale, lo = minmax_quantize(v.reshape(B, K, S, hd // group, group), bits)
     return {"q": pack_codes(q, bits), "scale": scale, "min": lo}
 

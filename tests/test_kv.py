@@ -206,3 +206,36 @@ def test_bad_input_says_what_to_do(model, scales):
     with pytest.raises(ValueError, match="another shape"):
         kv.FP8Scales(scales.k[:2], scales.v[:2]).for_format(kv.get_format("fp8_head"),
                                                             model.config)
+
+
+# ---------------------------------------------------------------- the capacity widget
+
+def test_capacity_by_hand():
+    from course_lib.widgets.kv_capacity import capacity
+
+    free = (80 * 0.9 - 3.0 - 8.03e9 * 8 / 8 / 1e9) * 1e9          # H100, 3 GB workspace, 8B FP8
+    per_conv = 131072 * 8192                                       # 8B BF16 cache, 8k tokens
+    r = capacity("8B", "H100 SXM", "fp8", "bf16", 8192)
+    assert r["conversations"] == int(free // per_conv) == 56
+    assert capacity("8B", "H100 SXM", "fp8", "fp8_tensor", 8192)["conversations"] == \
+        int(free // (per_conv / 2)) == 113
+    assert capacity("8B", "H100 SXM", "fp8", "kivi2", 8192)["conversations"] == \
+        int(free // (per_conv * 3 / 16)) == 302
+    assert r["kv_ms"] == pytest.approx(56 * per_conv / 3.35e12 * 1e3)
+    assert r["weights_ms"] == pytest.approx(8.03e9 / 3.35e12 * 1e3)
+    assert r["weights_ms"] + r["kv_ms"] == pytest.approx(r["step_ms"])
+    none = capacity("70B", "H100 SXM", "bf16", "bf16", 4096)      # 141 GB of weights on 80 GB
+    assert none["conversations"] == 0 and none["step_ms"] is None
+
+
+def test_capacity_widget_reacts():
+    from course_lib.widgets.kv_capacity import kv_capacity_widget
+
+    box = kv_capacity_widget()
+    before = box.result.value
+    assert "kivi2" in before and "conversations" in before
+    box.controls["context"].value = 131072
+    assert box.result.value != before
+    box.controls["model"].value = "Llama 3.1 70B"
+    box.controls["weights"].value = "bf16"
+    assert "no room" in box.result.value
