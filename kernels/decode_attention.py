@@ -409,3 +409,28 @@ def compile_jobs(arch: int, all_configs: bool = False):
         yield ("decode_attn_combine", combine_splits_kernel,
                dict(part_ptr="*fp32", ml_ptr="*fp32", o_ptr="*bf16"),
                dict(SPLIT=4, SPLIT_P=4, HD=hd, HD_P=_pow2(hd)), 4, 2, True)
+
+
+# ---------------------------------------------------------------------------- command
+
+def main(argv=None) -> None:
+    """``python -m kernels.decode_attention [--json results/kv_smollm2.json]``: write the
+    benchmark rows (measured on a GPU, marked not measured elsewhere) into a results JSON
+    under the key ``decode_attention`` (lesson 11 reads them there)."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    p = argparse.ArgumentParser(description="decode-attention benchmark rows (lesson 11)")
+    p.add_argument("--json", default=str(Path(__file__).resolve().parent.parent / "results"
+                                         / "kv_smollm2.json"))
+    a = p.parse_args(argv)
+    path = Path(a.json)
+    res = json.loads(path.read_text()) if path.exists() else {}
+    res["decode_attention"] = benchmark_rows()
+    path.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"wrote decode_attention rows ({'measured' if on_gpu() else 'not measured'}) to {path}")
+
+
+if __name__ == "__main__":
+    main()
