@@ -549,7 +549,8 @@ def calibrate(model, ids, window: int = 512) -> FP8Scales:
     from course_lib import eval as ceval
 
     rec = _Recorder(model.config)
-    w = ceval.make_windows(ids, min(window, len(ids) - 1))                # (n, W+1)
+    window = min(window, model.config.max_position_embeddings, len(ids) - 1)
+    w = ceval.make_windows(ids, window)                                   # (n, W+1)
     for row in w:
         model(row[None, :-1], rec)
     return FP8Scales(rec.k, rec.v)

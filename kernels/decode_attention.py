@@ -397,7 +397,9 @@ def compile_jobs(arch: int, all_configs: bool = False):
         rep = H // K
         for mode, (cache_t, scale_t) in (("bf16", ("*bf16", "*fp32")), ("fp8", ("*fp8e4nv", "*fp32")),
                                         ("int8", ("*i8", "*fp16"))):
-            for split in (1, 4):
+            # one config per format by default (both split paths covered), all with --all-configs
+            splits = (1, 4) if all_configs else ({"bf16": 1, "fp8": 4, "int8": 1}[mode],)
+            for split in splits:
                 sig = dict(q_ptr="*bf16", k_ptr=cache_t, v_ptr=cache_t, ks_ptr=scale_t,
                            vs_ptr=scale_t, len_ptr="*i32", o_ptr="*bf16" if split == 1 else "*fp32",
                            ml_ptr="*fp32", stride_kb=I, stride_kh=I, stride_ks=I, stride_sb=I,

@@ -2,6 +2,7 @@
 (interpreter on CPU, native on GPU): ragged lengths, grouped-query heads, split-K."""
 import kernels  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
 import math
+import re
 
 import pytest
 import torch
@@ -140,3 +141,25 @@ def test_compile_jobs_cover_every_format():
     fp8_must = {j[6] for j in compile_jobs(80) if j[0] == "decode_attn_fp8"}
     assert fp8_must == {False}                        # FP8 needs sm_89+
     assert {j[6] for j in compile_jobs(90)} == {True}
+
+
+def test_compiles_ahead_of_time_for_ampere_and_hopper():
+    """compile_check's compiler on this kernel's jobs (no GPU needed); FP8 refused on sm_80."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, kernels.compile_check as cc, kernels.decode_attention as da\n"
+            "try:\n    import triton.backends.nvidia\nexcept ImportError:\n"
+            "    print('SKIPPED: no NVIDIA backend'); sys.exit(0)\n"
+            "cc._jobs = da.compile_jobs\nsys.exit(cc.check((80, 90)))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["COURSE_TRITON_AOT"] = "1"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=600)
+    out = proc.stdout + proc.stderr
+    if "SKIPPED" in out:
+        pytest.skip(out.strip().splitlines()[-1])
+    assert proc.returncode == 0, out[-3000:]
+    assert re.search(r"sm_80 decode_attn_fp8 +refused \(expected\)", out)
+    assert re.search(r"sm_90 decode_attn_fp8 +ok", out) and "UNEXPECTED" not in out
