@@ -75,8 +75,10 @@ def _kind(x) -> str:
 
 
 def cmp(name: str, expected, actual, rtol: float = 1e-5, atol: float = 1e-8,
-        check_dtype: bool = True, verbose: bool = False) -> Comparison:
+        check_dtype: bool = True, verbose: bool = False, signed_zero: bool = False) -> Comparison:
     """Compare ``actual`` with ``expected``: kind, shape, dtype, NaN, then closeness.
+
+    ``signed_zero=True`` also tells -0.0 from +0.0 (for formats that store both).
 
     Returns a ``Comparison`` whose ``problem`` says in words what is wrong (wrong kind of
     object, wrong shape, wrong dtype, NaN where there should be none, or too far off).
@@ -110,6 +112,20 @@ def cmp(name: str, expected, actual, rtol: float = 1e-5, atol: float = 1e-8,
         return Comparison(name, False, False, math.inf, -math.inf,
                           f"got NaN at {int(bad_nan.sum())} of {a.size} positions "
                           f"(first at flat index {int(np.argmax(bad_nan))})")
+    missing_nan = np.isnan(e) & ~np.isnan(a)
+    if missing_nan.any():  # NaN is the right answer here (e.g. E4M3's 0x7F): say so
+        idx = int(np.argmax(missing_nan))
+        return Comparison(name, False, False, math.inf, -math.inf,
+                          f"expected NaN at {int(missing_nan.sum())} of {a.size} positions "
+                          f"(first at flat index {idx}), got {a[idx]:.6g} there")
+    if signed_zero:
+        wrong_sign = (e == 0) & (a == 0) & (np.signbit(e) != np.signbit(a))
+        if wrong_sign.any():
+            idx = int(np.argmax(wrong_sign))
+            return Comparison(name, False, False, 0.0, -math.inf,
+                              f"the sign of zero differs at flat index {idx}: expected "
+                              f"{e[idx]!r}, got {a[idx]!r} (this format stores -0.0 and +0.0 "
+                              f"as different bit patterns)")
     same = (e == a) | (np.isnan(e) & np.isnan(a))  # equal infinities count as the same
     exact = bool(same.all())
     finite = np.isfinite(e) & np.isfinite(a)

@@ -43,7 +43,7 @@ __all__ = [
     "quantize_mxfp4", "dequantize_mxfp4", "quantize_nvfp4", "dequantize_nvfp4",
     "quantize_nf4", "dequantize_nf4", "nf4_levels",
     "mae", "rmse", "relative_rms_error", "sqnr_db", "synthetic_weights", "known_formats",
-    "divisors",
+    "divisors", "remove_outliers", "largest_group_within",
 ]
 
 # ---------------------------------------------------------------- numpy / torch helpers
@@ -698,3 +698,46 @@ def synthetic_weights(rows: int = 256, cols: int = 1024, n_outliers: int = 8,
     c = rng.integers(0, cols, size=n_outliers)
     w[r, c] = rng.choice([-1.0, 1.0], size=n_outliers) * outlier
     return w.astype(np.float32)
+
+
+def _check_matrix(w, what: str) -> np.ndarray:
+    """w as a 2-D finite float numpy array, or a ValueError that says what to pass."""
+    w = to_numpy(w) if _is_torch(w) else np.asarray(w)
+    if w.ndim != 2 or w.size == 0:
+        raise ValueError(f"{what} needs a non-empty 2-D (rows, cols) weight matrix; got shape "
+                         f"{w.shape}")
+    if not np.issubdtype(w.dtype, np.floating):
+        raise ValueError(f"{what} needs floating-point weights; got dtype {w.dtype}")
+    _check_finite(w, "w")
+    return w
+
+
+def remove_outliers(w, k: float = 6.0) -> np.ndarray:
+    """A copy of ``w`` with every entry larger than ``k`` x its row's RMS set to 0 (lesson 03).
+
+    The "remove the outliers and see which schemes change" experiment: on the 256 x 1024
+    benchmark, k = 6 removes exactly its eight planted outliers.
+    """
+    w = _check_matrix(w, "remove_outliers")
+    if isinstance(k, bool) or not isinstance(k, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(k) or k <= 0:
+        raise ValueError(f"k is a multiple of the row RMS, a positive number such as 6; got {k!r}")
+    row_rms = np.sqrt(np.mean(w.astype(np.float64) ** 2, axis=1, keepdims=True))  # (rows, 1)
+    return np.where(np.abs(w) > k * row_rms, 0, w).astype(w.dtype)  # (rows, cols)
+
+
+def largest_group_within(w, target_rel_error: float, fmt: str = "int4",
+                         symmetric: bool = True) -> int | None:
+    """The largest group size (a divisor of the row length) whose per-group ``fmt`` error on
+    ``w`` is at most ``target_rel_error`` (a fraction, e.g. 0.054); None if even group 1
+    misses it (lesson 03: how small must INT4 groups get to match INT8 per tensor?)."""
+    w = _check_matrix(w, "largest_group_within")
+    if not (isinstance(target_rel_error, (int, float, np.floating)) and
+            math.isfinite(target_rel_error) and target_rel_error >= 0):
+        raise ValueError(f"target_rel_error is a fraction >= 0 (0.054 for 5.4%); got "
+                         f"{target_rel_error!r}")
+    for g in sorted(divisors(w.shape[1]), reverse=True):
+        w_hat = fake_quantize(w, fmt, "per_group", g, symmetric=symmetric)
+        if relative_rms_error(w, w_hat) <= target_rel_error:
+            return g
+    return None
