@@ -213,3 +213,12 @@ def test_hand_values_for_quantizers():
     block[:3] = [0.9, -0.2, 0.05]
     scale, el = EXERCISES["03.mxfp4_block"].reference(block)
     assert scale == 0.125 and el[:3].tolist() == [6.0, -1.5, 0.5]      # 7.2 saturates to 6
+
+
+def test_yours_or_library_says_which(capsys):
+    from course_lib.checks import CheckResult, yours_or_library
+    mine, lib = (lambda: "mine"), (lambda: "lib")
+    assert yours_or_library(CheckResult("x", "passed", 3, 3), mine, lib, "thing") is mine
+    assert "YOUR function" in capsys.readouterr().out
+    assert yours_or_library(CheckResult("x", "not implemented"), mine, lib, "thing") is lib
+    assert "library's is used" in capsys.readouterr().out

@@ -241,5 +241,16 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
     return CheckResult(exercise_id, "passed", len(cases), len(cases), report)
 
 
-__all__ = ["Case", "Exercise", "register", "check", "hint", "load_all", "EXERCISES", "CheckResult",
+def yours_or_library(result: "CheckResult", yours: Callable, library: Callable,
+                     what: str) -> Callable:
+    """The learner's function when its ``check`` passed, else the library's, saying which
+    (every exercise notebook: the learner's piece is then used by a later cell)."""
+    if result:
+        print(f"{what}: using YOUR function (it passed its check)")
+        return yours
+    print(f"{what}: your function has not passed its check yet, so the library's is used")
+    return library
+
+
+__all__ = ["yours_or_library", "Case", "Exercise", "register", "check", "hint", "load_all", "EXERCISES", "CheckResult",
            "compare_answer"]
