@@ -1,7 +1,8 @@
 """One comparison helper, used everywhere: exact / allclose / max abs diff / SQNR.
 
 Taught in lesson 02 (error metrics) and used by every checker and kernel test.
-Works on numbers, numpy arrays and torch tensors.
+Works on numbers, numpy arrays and torch tensors. ``agree`` shows a computed figure beside
+its source's and asserts that they agree (every lesson, from lesson 00).
 """
 from __future__ import annotations
 
@@ -142,3 +143,31 @@ def cmp(name: str, expected, actual, rtol: float = 1e-5, atol: float = 1e-8,
     if verbose:
         print(result)
     return result
+
+
+def agree(computed, source, what: str, rel: float = 0.01, abs_tol: float = 0.0,
+          unit: str = "", digits: int = 4) -> float:
+    """Show a figure the course computed beside the figure its source gives, and assert that
+    they agree within ``rel`` (relative) or ``abs_tol`` (absolute). Every lesson uses it in
+    place of a bare ``assert`` so a learner sees both numbers (first in lesson 00):
+
+    >>> agree(141.2, 141, "70B in BF16", unit="GB")      # prints "70B in BF16: 141.2 GB, source 141"
+
+    Returns ``computed``; raises AssertionError, with both numbers, when they disagree.
+    """
+    for name, v in (("computed", computed), ("source", source)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise ValueError(f"agree: {name} must be a number, got {v!r}")
+        if not math.isfinite(v):
+            raise ValueError(f"agree: {name} must be finite, got {v}")
+    if not (rel >= 0 and abs_tol >= 0):
+        raise ValueError(f"agree: tolerances must be >= 0, got rel={rel}, abs_tol={abs_tol}")
+    c, s = float(computed), float(source)
+    suffix = f" {unit}" if unit else ""
+    line = f"{what}: {c:.{digits}g}{suffix}, source {s:g}"
+    ok = abs(c - s) <= max(abs_tol, rel * abs(s))
+    if not ok:
+        raise AssertionError(f"{line}: they differ by {abs(c - s):.3g}, more than "
+                             f"rel {rel:g} / abs {abs_tol:g} allows")
+    print(line)
+    return computed

@@ -687,6 +687,58 @@ def library_encode(x, name: str, library: str) -> np.ndarray:
     raise ValueError(f"library must be 'torch' or 'ml_dtypes', got {library!r}")
 
 
-__all__ = ["FORMAT_NAMES", "FormatSpec", "FormatTable", "get_format", "round_to_format",
+def _same_values(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise: equal, with the same sign of zero, or both NaN."""
+    return ((a == b) & (np.signbit(a) == np.signbit(b))) | (np.isnan(a) & np.isnan(b))
+
+
+def cross_check_decode(name: str) -> dict:
+    """Decode every bit pattern of ``name`` here and with torch and ml_dtypes (lesson 01).
+
+    Returns ``{library: number of patterns that differ}`` for each library that has the
+    format (-0.0 must match +0.0's sign; NaN equals NaN).
+    """
+    spec = get_format(name)
+    patterns = np.arange(1 << spec.bits)
+    ours = spec.decode(patterns)
+    report = {}
+    for lib in ("torch", "ml_dtypes"):
+        try:
+            with np.errstate(invalid="ignore"):
+                theirs = library_decode(patterns, name, lib)
+        except ValueError:
+            continue  # this library does not have this format
+        report[lib] = int((~_same_values(ours, theirs)).sum())
+    return report
+
+
+def cross_check_encode(name: str, n_random: int = 20_000, seed: int = 0) -> dict:
+    """Encode every value of ``name``, every midpoint between neighbours (the ties) and
+    ``n_random`` random values on many scales, here and with torch and ml_dtypes (lesson 01).
+
+    Returns ``{library: (n_differ, n_tried, smallest |x| where they differ or None)}``.
+    """
+    if isinstance(n_random, bool) or not isinstance(n_random, (int, np.integer)) or n_random < 0:
+        raise ValueError(f"n_random is a count >= 0, got {n_random!r}")
+    spec = get_format(name)
+    rng = np.random.default_rng(seed)
+    v = spec.values()
+    mids = (v[:-1] + v[1:]) / 2
+    randoms = rng.normal(0, 1, n_random) * np.exp(rng.uniform(-8, 8, n_random))
+    x = np.concatenate([v, mids, randoms]).astype(np.float32)
+    ours = spec.encode(x)
+    report = {}
+    for lib in ("torch", "ml_dtypes"):
+        try:
+            theirs = library_encode(x, name, lib)
+        except ValueError:
+            continue
+        differ = ours != theirs
+        first = float(np.abs(x[differ]).min()) if differ.any() else None
+        report[lib] = (int(differ.sum()), int(x.size), first)
+    return report
+
+
+__all__ = ["cross_check_decode", "cross_check_encode", "FORMAT_NAMES", "FormatSpec", "FormatTable", "get_format", "round_to_format",
            "format_table", "nf4_levels", "library_decode", "library_encode", "NF4_OFFSET",
            "make_float_format", "nonnegative_float_values", "explain_rounding"]
