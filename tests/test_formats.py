@@ -458,3 +458,16 @@ def test_explain_rounding_shows_each_step():
     assert "level 11" in formats.explain_rounding(0.3, "nf4")
     with pytest.raises(ValueError):
         formats.explain_rounding(float("nan"), "int8")
+
+
+def test_cross_checks_report_per_library():
+    from course_lib.formats import cross_check_decode, cross_check_encode
+    assert cross_check_decode("fp8_e4m3") == {"torch": 0, "ml_dtypes": 0}
+    assert cross_check_decode("fp4_e2m1") == {"ml_dtypes": 0}          # torch cannot cast FP4
+    report = cross_check_encode("fp8_e4m3", n_random=2000)
+    n, tried, smallest = report["ml_dtypes"]
+    assert tried == 2000 + 2 * len(get_format("fp8_e4m3").values()) - 1
+    assert n > 0 and smallest > 464                                  # only the NaN-past-464 rule
+    assert report["torch"][0] == 0
+    with pytest.raises(ValueError, match="n_random is a count"):
+        cross_check_encode("fp8_e4m3", n_random=-1)
