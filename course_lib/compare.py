@@ -33,6 +33,11 @@ def sqnr_db(reference, approx) -> float:
     if ref.shape != app.shape:  # numpy would broadcast (8,) against (8, 1) silently
         raise ValueError(f"sqnr_db: reference has shape {ref.shape} but approx has shape "
                          f"{app.shape}; compare a tensor with its own dequantized copy")
+    if ref.size == 0:
+        raise ValueError("sqnr_db: the arrays are empty; there is no signal or noise to measure")
+    if not (np.isfinite(ref).all() and np.isfinite(app).all()):
+        raise ValueError("sqnr_db: NaN or inf in the input; an SQNR of such values means "
+                         "nothing: find where they come from first")
     noise = float(np.sum((ref - app) ** 2))
     signal = float(np.sum(ref ** 2))
     if noise == 0.0:
@@ -84,6 +89,8 @@ def cmp(name: str, expected, actual, rtol: float = 1e-5, atol: float = 1e-8,
     Returns a ``Comparison`` whose ``problem`` says in words what is wrong (wrong kind of
     object, wrong shape, wrong dtype, NaN where there should be none, or too far off).
     """
+    if not (rtol >= 0 and atol >= 0):
+        raise ValueError(f"cmp: tolerances must be >= 0, got rtol={rtol}, atol={atol}")
     ek, ak = _kind(expected), _kind(actual)
     if ek in ("torch.Tensor", "numpy.ndarray") and ak != ek:
         return Comparison(name, False, False, math.inf, -math.inf,
@@ -135,7 +142,8 @@ def cmp(name: str, expected, actual, rtol: float = 1e-5, atol: float = 1e-8,
     ok = same | (finite & (diff <= atol + rtol * np.abs(e)))
     max_diff = float(diff[finite].max()) if finite.any() else 0.0
     close = bool(ok.all())
-    result = Comparison(name, exact, close, max_diff, sqnr_db(e[finite], a[finite]))
+    sq = sqnr_db(e[finite], a[finite]) if finite.any() else (math.inf if exact else -math.inf)
+    result = Comparison(name, exact, close, max_diff, sq)
     if not close:
         idx = int(np.argmax(~ok))
         result.problem = (f"values differ: max abs diff {max_diff:.4g}; first mismatch at flat "

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from course_lib import quant as Q
+from course_lib import quant
 
 EX_A = np.array([0.12, -0.45, 0.03, 0.88, -0.27, 0.51, -0.09, 0.34])
 EX_B = np.array([0.423, -1.270, 0.081, 0.914, -0.337, 0.562, -0.708, 1.049])
@@ -498,3 +499,52 @@ def test_sqnr_db_rejects_mismatched_shapes():
     r = np.arange(1.0, 9.0)
     with pytest.raises(ValueError, match=r"shape \(8,\).*shape \(8, 1\)"):
         Q.sqnr_db(r, r[:, None])            # broadcast to (8, 8): gave -5.2 dB silently
+
+
+# ---- bad input is refused, saying what to do (issue 13, item 9) ----------------------------
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: quant.bits_per_weight(-4, 128), "bits must be a positive number"),
+    (lambda: quant.bits_per_weight(math.nan, 128), "bits must be a positive number"),
+    (lambda: quant.bits_per_weight(4, 2.5), "group_size must be a whole number"),
+    (lambda: quant.bits_per_weight(4, 0), "group_size must be a whole number >= 1"),
+    (lambda: quant.bits_per_weight(4, 128, scale_bits=-1), "scale_bits must be a number >= 0"),
+    (lambda: quant.bits_per_weight(4, None, n_elements=0), "n_elements is the tensor's number"),
+    (lambda: quant.bits_per_weight("nvfp4", n_elements=-5), "n_elements"),
+    (lambda: quant.bits_per_weight("q9_k"), "unknown block format"),
+    (lambda: quant.synthetic_weights(rows=0), "rows must be a whole number >= 1"),
+    (lambda: quant.synthetic_weights(cols=2.5), "cols must be a whole number"),
+    (lambda: quant.synthetic_weights(n_outliers=-1), "n_outliers must be a whole number >= 0"),
+    (lambda: quant.synthetic_weights(outlier=math.nan), "outlier is the planted magnitude"),
+    (lambda: quant.divisors(0), "row length"),
+    (lambda: quant.divisors(2.5), "row length"),
+    (lambda: quant.mae(np.array([]), np.array([])), "empty"),
+    (lambda: quant.mae(np.array([np.nan, 1.0]), np.array([1.0, 1.0])), "non-finite"),
+    (lambda: quant.relative_rms_error(np.ones(3), np.array([1.0, np.inf, 1.0])), "non-finite"),
+    (lambda: quant.absmax_quantize(np.array([1.0, np.nan]), 8), "non-finite"),
+    (lambda: quant.absmax_quantize(np.array([]), 8), "nothing to quantize"),
+    (lambda: quant.quantize(np.ones((2, 8)), "int4", "per_group", 0), "group_size must be a positive"),
+    (lambda: quant.zero_point(0.0, 1.0, 0), "bits must be a whole number of bits"),
+    (lambda: quant.remove_outliers(np.ones(8), 6), "2-D"),
+    (lambda: quant.remove_outliers(np.ones((2, 8)), 0), "k is a multiple of the row RMS"),
+    (lambda: quant.remove_outliers(np.arange(8).reshape(2, 4), 6), "floating-point"),
+    (lambda: quant.largest_group_within(np.ones((2, 8)), -0.1), "target_rel_error"),
+    (lambda: quant.largest_group_within(np.ones((2, 8)), math.nan), "target_rel_error"),
+])
+def test_refuses_bad_input(call, words):
+    with pytest.raises(ValueError, match=words):
+        call()
+
+
+def test_remove_outliers_and_largest_group_against_hand_values():
+    w = np.full((2, 36), 0.1, dtype=np.float32)
+    w[0, 3], w[1, 7] = 5.0, -5.0
+    clean = quant.remove_outliers(w)            # 6 x row RMS = 5.035: 5.0 is not above it
+    assert (clean == w).all()                   # 5.0 stays under six times its row's RMS
+    clean = quant.remove_outliers(w, 3.0)
+    assert clean[0, 3] == 0 and clean[1, 7] == 0 and clean.dtype == np.float32
+    assert (np.delete(clean, [3, 36 + 7]) == np.float32(0.1)).all()
+    g = np.array([[1.0, 0.1, 0.1, 0.1, 1.0, 0.2, 0.3, 0.4]])
+    # group 8: scale 1/7: 0.1 -> 1/7 (error 0.043); group 1: exact; group 2 and 4 in between
+    assert quant.largest_group_within(g, 0.0) == 1
+    assert quant.largest_group_within(g, 1.0) == 8

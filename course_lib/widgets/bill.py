@@ -86,6 +86,12 @@ def bill_widget(model: str = "Llama 3.1 70B", fmt: str = "bf16", gpu: str = "H10
     holds the input widgets and ``result`` the HTML readout, so a test can drive it."""
     import ipywidgets as W
 
+    hw.plan(model, fmt, gpu, batch, context, kv_format, n_gpus)   # refuses bad values, saying why
+    if context not in CONTEXTS:
+        raise ValueError(f"context {context} is not on the widget's slider; choose one of {CONTEXTS}")
+    if batch > 256 or n_gpus not in (1, 2, 4, 8):
+        raise ValueError(f"the widget offers batch 1..256 and 1, 2, 4 or 8 GPUs; got batch "
+                         f"{batch}, n_gpus {n_gpus}")
     style = {"description_width": "110px"}
     layout = W.Layout(width="420px")
     controls = {
