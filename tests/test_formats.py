@@ -471,3 +471,38 @@ def test_cross_checks_report_per_library():
     assert report["torch"][0] == 0
     with pytest.raises(ValueError, match="n_random is a count"):
         cross_check_encode("fp8_e4m3", n_random=-1)
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: get_format("fp8_e4m3").decode(256), "every pattern must be in 0 .. 255"),
+    (lambda: get_format("fp8_e4m3").decode(-1), "every pattern must be in 0 .. 255"),
+    (lambda: get_format("fp8_e4m3").describe(300), "every pattern must be in 0 .. 255"),
+    (lambda: get_format("fp4_e2m1").encode(math.nan), "has no NaN"),
+    (lambda: get_format("e8m0").encode(-1.0), "no sign bit"),
+    (lambda: formats.nonnegative_float_values(0, 1, 1), "exponent_bits >= 1"),
+    (lambda: formats.nonnegative_float_values(2, 2.5, 1), "mantissa_bits must be a whole number"),
+    (lambda: formats.make_float_format(3, 2, bias=1.5), "bias must be a whole number"),
+    (lambda: formats.round_to_format("1.0", "fp8_e4m3"), "convert it with float"),
+    (lambda: formats.format_table(["fp7"]), "unknown number format"),
+    (lambda: formats.library_decode([1], "fp8_e4m3", "jax"), "library must be"),
+    (lambda: formats.library_decode([1], "nf4", "torch"), "torch has no castable nf4"),
+    (lambda: get_format("fp32").values(), "too many to list"),
+])
+def test_formats_refuse_bad_input(call, words):
+    with pytest.raises(ValueError, match=words):
+        call()
+
+
+def test_formatspec_reads_in_one_sitting_and_methods_are_the_module_functions():
+    import ast
+    import inspect as ins
+    tree = ast.parse(ins.getsource(formats))
+    sizes = {n.name: n.end_lineno - n.lineno + 1 for n in tree.body
+             if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    assert sizes["FormatSpec"] <= 200, sizes["FormatSpec"]
+    assert max(sizes.values()) <= 200, max(sizes, key=sizes.get)
+    e4 = get_format("fp8_e4m3")
+    x = np.array([0.1, -3.3, 500.0, 1.0625])
+    assert (e4.encode(x) == formats.encode(e4, x)).all()
+    assert formats.round_magnitude(e4, np.array([1.0625, 0.001])).tolist() == [1.0, 2.0 ** -9]
+    assert formats.describe_pattern(e4, 0x7E)["value"] == 448
