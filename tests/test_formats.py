@@ -361,7 +361,7 @@ def test_known_difference_e8m0_zero_and_negatives():
     th = torch.from_numpy(x).to(torch.float8_e8m0fnu).to(torch.float64).tolist()
     assert th == [2.0 ** -127, 1.0]                                     # torch: |x|, 0 -> 2^-127
     assert get_format("e8m0").round(0.0) == 2.0 ** -127                  # we: 0 -> 2^-127 too
-    with pytest.raises(ValueError):                                     # ... but refuse negatives
+    with pytest.raises(ValueError, match="no sign bit"):                # ... but refuse negatives
         get_format("e8m0").round(-1.0)
     # ties go up in all three (1.5 -> 2, 3 -> 4)
     ties = np.array([1.5, 3.0], dtype=np.float32)
@@ -385,7 +385,7 @@ def test_known_difference_int4_casts_truncate_and_wrap():
 def test_known_difference_fp4_nan_becomes_negative_zero_in_ml_dtypes():
     y = np.array([np.nan], np.float32).astype(ml_dtypes.float4_e2m1fn).astype(np.float64)
     assert y[0] == 0 and np.signbit(y[0])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="has no NaN"):
         get_format("fp4_e2m1").encode(np.nan)
 
 
@@ -456,7 +456,7 @@ def test_explain_rounding_shows_each_step():
     assert "overflow rule 'saturate' gives 448" in text
     assert "ties to even: 8" in formats.explain_rounding(1.0625, "fp8_e4m3")
     assert "level 11" in formats.explain_rounding(0.3, "nf4")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="has no NaN"):
         formats.explain_rounding(float("nan"), "int8")
 
 

@@ -150,6 +150,10 @@ def _wrong_bf16_sign_lost(x):
     return _ref_bf16_bits(abs(x))
 
 
+def _wrong_bf16_as_float(x):
+    return float(_ref_bf16_bits(x))                             # the right pattern, as a float
+
+
 def _wrong_bf16_via_float16(x):
     return int(np.array(x, dtype=np.float16).view(np.uint16))   # fp16 is a different layout
 
@@ -176,7 +180,8 @@ register(Exercise(
           "half-up; adding 0x7FFF plus the lowest bit you keep rounds half-to-even.",
           "bits + 0x7FFF + ((bits >> 16) & 1), then >> 16 (and & 0xFFFF)."],
     wrong=[_wrong_bf16_truncate, _wrong_bf16_round_half_up, _wrong_bf16_ties_to_odd,
-           _wrong_bf16_sign_lost, _wrong_bf16_via_float16],
+           _wrong_bf16_sign_lost, _wrong_bf16_via_float16, _wrong_bf16_as_float],
+    int_results=True,
 ))
 
 
