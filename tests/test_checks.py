@@ -222,3 +222,13 @@ def test_yours_or_library_says_which(capsys):
     assert "YOUR function" in capsys.readouterr().out
     assert yours_or_library(CheckResult("x", "not implemented"), mine, lib, "thing") is lib
     assert "library's is used" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("ex_id", sorted(k for k in EXERCISES if k[:2] in ("00", "01", "02", "03")))
+def test_first_hint_step_is_a_question_not_code(ex_id):
+    steps = EXERCISES[ex_id].hints
+    assert len(steps) >= 2, f"{ex_id}: give a first step to think about and a later code-level one"
+    first = steps[0]
+    for token in ("np.", " = ", "**", "<<", ">>", "return ", "0x7FFF", "round("):
+        assert token not in first, f"{ex_id}: hint step 1 gives code away ({token!r}): {first}"
+    assert "?" in first, f"{ex_id}: hint step 1 should ask the learner something"

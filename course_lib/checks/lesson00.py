@@ -217,7 +217,7 @@ register(Exercise(
     title="decode floor in ms per token",
     reference=hw.decode_floor_ms,
     cases=_floor_cases,
-    hint=["Time = amount / rate. What is the amount, what is the rate when several GPUs each "
+    hint=["Time is amount over rate. What is the amount, what is the rate when several GPUs each "
           "read their own share at the same time, and which units come out?",
           "seconds = weight_bytes / (n_gpus x bandwidth_tbps x 1e12), since TB/s is 1e12 "
           "bytes per second (not 2**40); multiply by 1000 for ms.",

@@ -318,9 +318,9 @@ register(Exercise(
         Case((-464.0,), label="-464: a tie at the top, saturates to -448"),
     ],
     signed_zero=True,
-    hint=["The grid step depends on the number's power of two: find that exponent (but "
-          "the subnormals keep the step of the smallest normal one), round to a multiple of "
-          "the step with ties to even, then deal with numbers past the top and with the sign.",
+    hint=["How does the gap between neighbouring E4M3 values depend on the size of the "
+          "number, and what changes below the smallest normal one? Once you can round to a "
+          "multiple of that gap (ties to even), what about numbers past the top, and the sign?",
           "For a = |x| > 0: e = max(floor(log2(a)), -6); step = 2^(e - 3) (3 mantissa bits); "
           "Python's round(a / step) rounds ties to even. E4M3 saturates at 448.",
           "math.copysign(min(round(a / step) * step, 448.0), x); for a == 0 return "

@@ -162,7 +162,7 @@ register(Exercise(
     title="scale and zero point of an asymmetric range",
     reference=quant.zero_point,
     cases=_zp_cases,
-    hint=["The codes 0 .. 2**bits - 1 must cover the range, and 0.0 itself must be stored "
+    hint=["The codes 0 to 2^bits - 1 must cover the range, and 0.0 itself must be stored "
           "exactly (why does that force you to widen some ranges?). Which code should the "
           "real number 0 land on?",
           "lo = min(x_min, 0), hi = max(x_max, 0); there are 2**bits - 1 steps between the "
@@ -297,7 +297,7 @@ register(Exercise(
     title="MAE, RMSE and SQNR",
     reference=error_metrics,
     cases=_metric_cases,
-    hint=["All three start from the error e = x - x_hat. Which one must not let positive and "
+    hint=["All three start from the error, x minus x_hat. Which one must not let positive and "
           "negative errors cancel, which one punishes big misses more, and which one is a ratio "
           "of powers (signal over noise) on a log scale? What is that ratio when e is all zero?",
           "MAE = mean(|e|); RMSE = sqrt(mean(e**2)); SQNR = 10 * log10(sum(x**2) / sum(e**2)) "

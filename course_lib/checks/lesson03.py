@@ -353,9 +353,9 @@ register(Exercise(
     title="asymmetric group-wise fake quantization",
     reference=asym_groupwise,
     cases=_asym_cases,
-    hint=["Lesson 02's zero point, once per group: each group gets its own range (widened to "
-          "include 0), its own scale and its own zero point. Quantize and dequantize in one go "
-          "and give back an array shaped like w.",
+    hint=["Lesson 02's zero point, once per group: each group gets its own range, scale and "
+          "zero point. What must each group's range include before you compute them, and in "
+          "which order do you quantize and dequantize so the answer has w's shape?",
           "Group the values as in exercise 1; lo = min(group min, 0), hi = max(group max, 0); "
           "scale = (hi - lo) / (2**bits - 1) (1.0 for an empty range); zero = round(-lo / "
           "scale) clamped to 0..2**bits - 1.",
