@@ -78,9 +78,9 @@ register(Exercise(
     title="KIVI keys: asymmetric, per channel, in groups of tokens",
     reference=keys_per_channel_reference,
     cases=_keys_cases,
-    hint=["Which numbers share a scale? For keys it is one channel across a run of `group` "
-          "consecutive tokens, so the outlier channel gets its own range. Each group stores a "
-          "minimum and a step, and 2**bits codes span min..max.",
+    hint=["Which numbers should share a scale and a minimum: the channels of one token, or one "
+          "channel across a run of tokens? Where does that put the outlier channel, and which "
+          "of the group's values must the lowest and highest codes reach?",
           "Reshape k (S, hd) to (S/group, group, hd) and reduce over dim 1: lo = min, "
           "scale = (max - lo) / (2**bits - 1), both rounded through fp16 (.half().float()); "
           "a scale of 0 becomes 1.",
@@ -154,9 +154,9 @@ register(Exercise(
     title="bytes of a KIVI cache, window and scales included",
     reference=kivi_bytes_reference,
     cases=_kivi_bytes_cases,
-    hint=["Split the tokens in two: the quantized ones (only whole groups of `group` tokens "
-          "that have left the window) and the BF16 rest. Each part stores keys AND values; "
-          "quantized groups also store a scale and a minimum.",
+    hint=["Which tokens have been quantized (only whole groups that have left the window), "
+          "and which are still in BF16? Both parts hold keys and values, and does a quantized "
+          "group store anything besides its codes?",
           "Q = max(tokens - window, 0) // group * group. BF16 part: 2 x (tokens - Q) x hd x 2 "
           "bytes. Codes: 2 x Q x hd x bits / 8.",
           "Scales: keys have Q/group x hd groups, values Q x hd/group groups: the same count, "
