@@ -364,7 +364,19 @@ def benchmark_rows(contexts=BENCH_CONTEXTS, batches=BENCH_BATCHES, shape=None) -
                 row.update({"measured": False, "ms": None})
             rows.append(row)
     why = None if on_gpu() else "no CUDA GPU on the machine that ran this; rows not measured"
-    return {"shape": shape, "measured": on_gpu(), "why_not": why, "rows": rows}
+    return {"shape": shape, "measured": on_gpu(), "why_not": why, "rows": rows,
+            "target": target_met(rows)}
+
+
+def target_met(rows) -> dict:
+    """The Hopper target: an FP8 or INT8 cache at least 1.3x faster than BF16 at every
+    measured batch >= 8 and context >= 8k. ``met`` is None when nothing was measured."""
+    big = [r for r in rows if r["batch"] >= 8 and r["context"] >= 8192 and r.get("measured")]
+    desc = "FP8 or INT8 cache >= 1.3x the BF16 cache at batch >= 8 and context >= 8k"
+    if not big:
+        return {"target": desc, "met": None, "worst": None}
+    worst = min(max(r["speedup_fp8"], r["speedup_int8"]) for r in big)
+    return {"target": desc, "met": worst >= 1.3, "worst": worst}
 
 
 def _time_one(B, H, K, S, hd) -> dict:

@@ -12,7 +12,7 @@ from course_lib.compare import cmp
 from kernels._common import on_gpu
 from kernels.decode_attention import (benchmark_rows, compile_jobs, decode_attention,
                                       decode_attention_reference, dequantize_cache,
-                                      quantize_cache, split_plan)
+                                      quantize_cache, split_plan, target_met)
 
 DEV = "cuda" if on_gpu() else "cpu"
 FORMATS = ["bf16", "fp8", "fp8_tensor", "int8"]
@@ -130,6 +130,13 @@ def test_benchmark_rows_without_a_gpu_are_not_measured():
     assert [(r["context"], r["batch"]) for r in res["rows"]] == [(1024, 1), (1024, 64),
                                                                  (32768, 1), (32768, 64)]
     assert all(r["ms"] is None for r in res["rows"])
+    assert res["target"]["met"] is None                 # not measured is not "failed"
+    fake = [{"batch": 8, "context": 8192, "measured": True, "speedup_fp8": 1.5, "speedup_int8": 1.1},
+            {"batch": 64, "context": 32768, "measured": True, "speedup_fp8": 1.2, "speedup_int8": 1.35},
+            {"batch": 1, "context": 32768, "measured": True, "speedup_fp8": 0.9, "speedup_int8": 0.9}]
+    assert target_met(fake)["met"] is True and target_met(fake)["worst"] == 1.35
+    fake[1]["speedup_int8"] = 1.25
+    assert target_met(fake)["met"] is False
     # bytes a step reads at batch 64, 32k: 2 x 64 x 8 x 32768 x 128 x 2 = 8.6 GB per layer
     assert res["rows"][-1]["kv_bytes_bf16"] == 2 * 64 * 8 * 32768 * 128 * 2
 
