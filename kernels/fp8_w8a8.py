@@ -318,6 +318,17 @@ def fp8_w8a8_reference(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor
 
 # ---------------------------------------------------------------------------- benchmark
 
+def bench_backends(act_dtype=torch.bfloat16, with_fp8: bool = False):
+    """This file's entry in the GPU benchmark (``kernels.bench.GPU_KERNEL_MODULES``): only
+    where FP8 maths runs (``with_fp8``: compute capability 8.9+ or the interpreter)."""
+    from kernels.bench import Backend
+
+    if not with_fp8:
+        return []
+    return [Backend("fp8 w8a8", lambda w: quantize_weight(w, fast=True),
+                    lambda x, st: fp8_w8a8_linear(x, *st), act_dtype, 8, "per_channel")]
+
+
 def benchmark(shapes=((4096, 4096), (8192, 28672)), batches=(1, 16, 4096), dtype=torch.bfloat16):
     """Median time, quantization of x included, against torch BF16 F.linear (GPU, cc >= 8.9)."""
     from course_lib import bench

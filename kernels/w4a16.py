@@ -422,6 +422,14 @@ def w4a16_reference(x: torch.Tensor, wt: W4A16Weight) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------- benchmark
 
+def bench_backends(act_dtype=torch.bfloat16, with_fp8: bool = False):
+    """This file's entry in the GPU benchmark (``kernels.bench.GPU_KERNEL_MODULES``)."""
+    from kernels.bench import Backend
+
+    return [Backend("w4a16 g128", lambda w: quantize_weight(w, 128),
+                    lambda x, st: w4a16_linear(x, st), act_dtype, 4, 128)]
+
+
 def benchmark(shapes=((4096, 4096), (8192, 28672)), batches=(1, 16), group_size=128,
               dtype=torch.bfloat16):
     """Median time of the kernel against torch BF16 F.linear (GPU only; lesson 10).

@@ -263,6 +263,14 @@ def w8a16_reference(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor) -> 
 
 # ---------------------------------------------------------------------------- benchmark
 
+def bench_backends(act_dtype=torch.bfloat16, with_fp8: bool = False):
+    """This file's entry in the GPU benchmark (``kernels.bench.GPU_KERNEL_MODULES``)."""
+    from kernels.bench import Backend
+
+    return [Backend("w8a16", quantize_weight, lambda x, st: w8a16_linear(x, *st),
+                    act_dtype, 8, "per_channel")]
+
+
 def benchmark(shapes=((4096, 4096), (8192, 28672)), batches=(1, 16), dtype=torch.bfloat16):
     """Median time of the kernel against torch BF16 F.linear (GPU only; lesson 10).
 
