@@ -662,6 +662,24 @@ def _run(quick, budget_s, log, decode_layers, layers, batches, prefill_m, backen
     return result
 
 
+def gain_by_batch(result: dict, fmt: str, layer_kn: tuple[int, int]) -> dict[int, float]:
+    """{batch M: baseline ms / ``fmt`` ms} over one layer's decode rows of a results JSON.
+
+    Lesson 10 reads how a format's gain changes with the batch, from any machine's JSON
+    (``load_results``). ``layer_kn`` is (K in, N out); the baseline is the row's own
+    (``row["baseline"]``: bf16 on a GPU, fp16 below cc 8.0, fp32 on a CPU).
+    """
+    K, N = layer_kn
+    rows = [r for r in result["layers"] if (r["K"], r["N"]) == (K, N) and r["phase"] == "decode"]
+    if not rows:
+        have = sorted({(r["K"], r["N"]) for r in result["layers"]})
+        raise ValueError(f"no decode rows for layer {K}x{N} in this result; layers: {have}")
+    if fmt not in rows[0]["results"]:
+        raise ValueError(f"format {fmt!r} was not measured; formats: {list(rows[0]['results'])}")
+    return {r["M"]: r["results"][r["baseline"]]["ms"] / r["results"][fmt]["ms"]
+            for r in sorted(rows, key=lambda r: r["M"])}
+
+
 def layer_table(result: dict, phase: str | None = None) -> str:
     """The layer timings as text: one line per (layer, batch), ms and ratio per format."""
     rows = [r for r in result["layers"] if phase is None or r["phase"] == phase]

@@ -132,6 +132,41 @@ def mma_kind(ptx: str) -> str:
     return "none"
 
 
+def _cuobjdump() -> str | None:
+    import triton
+    cand = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    return cand if os.path.exists(cand) else shutil.which("cuobjdump")
+
+
+def sass_main_loop(cubin: bytes) -> list[str] | None:
+    """The machine instructions (SASS) of the main loop: the innermost backward branch
+    whose body loads from global memory. ptxas fuses and removes PTX instructions (an AND
+    and an OR become one LOP3; the movs of masked loads disappear), so this is closer to
+    what the GPU issues than the PTX count. None when cuobjdump is missing."""
+    tool = _cuobjdump()
+    if not tool:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+    ins, index = [], {}
+    for line in out.splitlines():
+        m = re.match(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if m:
+            index[int(m.group(1), 16)] = len(ins)
+            ins.append(m.group(2))
+    best = None
+    for i, x in enumerate(ins):
+        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", x)
+        start = index.get(int(m.group(1), 16)) if m else None
+        if start is not None and start <= i:                 # a backward branch: a loop
+            body = [y for y in ins[start:i + 1] if not y.startswith("NOP")]
+            if any("LDG" in y for y in body) and (best is None or len(body) < len(best)):
+                best = body
+    return best
+
+
 def resource_usage(cubin: bytes) -> dict:
     """{'regs': n, 'local_bytes': n} from cuobjdump (Triton's wheel ships it), or {}."""
     tool = None
@@ -222,6 +257,11 @@ def check(archs=ARCHS, all_configs: bool = False, report: bool = False, only=Non
                                    loop_top=Counter(x.split()[0] for x in loop).most_common(5))
                         extra += (f" loop {len(loop)} instr, {per_byte:.2f} per weight byte"
                                   f" ({i2f_per_byte:.2f} int-to-float)")
+                    sass = sass_main_loop(k.asm["cubin"])
+                    if sass and job.weight_bytes_per_step:
+                        per_sass = len(sass) * threads / job.weight_bytes_per_step
+                        rec.update(sass_instructions_per_weight_byte=round(per_sass, 2))
+                        extra += f" (SASS {per_sass:.2f})"
                     rec.update(resource_usage(k.asm["cubin"]))
                     if "regs" in rec:
                         extra += f" regs {rec['regs']} spill {rec['local_bytes']} B"
@@ -255,7 +295,9 @@ def main(argv=None) -> int:
     if args.json:
         import triton
         with open(args.json, "w") as f:
-            json.dump({"triton": triton.__version__, "issue_budget_h100": round(issue_budget(), 2),
+            cmd = "python -m kernels.compile_check " + " ".join(argv if argv is not None else sys.argv[1:])
+            json.dump({"command": cmd, "triton": triton.__version__,
+                       "issue_budget_h100": round(issue_budget(), 2),
                        "records": records}, f, indent=1)
             f.write("\n")
     print(f"{bad} unexpected result(s)")

@@ -65,13 +65,13 @@ FLIP = tl.constexpr(-0x77777778)     # 0x88888888 as a signed 32-bit number: +8 
 
 @triton.jit
 def w4a16_gemv_kernel(
-    x_ptr,        # activations, (M, K) contiguous, fp16/bf16/fp32
+    x_ptr,        # activations in the weight's layout, (M, 8, K // 8) fp32: x[m, j, w] = x[m, 8w + j]
     p_ptr,        # packed int4 weights seen as int32 words, (N, K // 8), 8 codes per word
     s_ptr,        # scales, (N, K // GROUP), any float dtype
     z_ptr,        # zero points, (N, K // GROUP) (ignored unless HAS_ZERO)
     y_ptr,        # output, (M, N); fp32 and zero-filled when SPLIT_K > 1
     M, N, K,      # problem size (K counts unpacked weights; M <= BLOCK_M)
-    stride_xm,    # elements between rows of x
+    stride_xm,    # elements between tokens of x (K)
     stride_pn,    # int32 words between rows of packed
     stride_sn,    # elements between rows of scale (and of zero)
     stride_ym,    # elements between rows of y
@@ -118,13 +118,16 @@ def w4a16_gemv_kernel(
         else:
             zero = tl.full((1, BLOCK_N, W), 8.0, tl.float32)  # the XOR shifted codes by 8
         bias = zero + TWO_23                                 # (1, BLOCK_N, W)
-        part = tl.zeros((BLOCK_M, BLOCK_N, W), dtype=tl.float32)
         for j in tl.static_range(8):                         # code j of every word
             bits = ((words >> (4 * j)) & 0xF) | MAGIC        # float32 bits of 2**23 + u
             q = bits.to(tl.float32, bitcast=True) - bias     # (1, BLOCK_N, W) exact codes
-            x_j = tl.load(x_ptr + t3 * stride_xm + g0 * GROUP + w3 * 8 + j,
-                          mask=(t3 < M) & kw_mask, other=0.0)   # (BLOCK_M, 1, W) x[:, 8w + j]
-            part += x_j.to(tl.float32) * q                   # (BLOCK_M, BLOCK_N, W)
+            # x in the weight tile's layout: plane j holds x[:, 8w + j], contiguous along w
+            x_j = tl.load(x_ptr + t3 * stride_xm + j * (K // 8) + g0 * WPG + w3,
+                          mask=(t3 < M) & kw_mask, other=0.0)   # (BLOCK_M, 1, W) fp32
+            if j == 0:
+                part = x_j * q                               # (BLOCK_M, BLOCK_N, W)
+            else:
+                part += x_j * q
         acc3 += part * s                                     # one scale per word's group
     acc = tl.sum(acc3, axis=2)                               # (BLOCK_M, BLOCK_N)
     y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
@@ -349,7 +352,10 @@ def w4a16_linear(x: torch.Tensor, wt: W4A16Weight, *, block_n: int | None = None
              else torch.empty((M, N), dtype=x.dtype, device=x.device))        # (M, N)
         grid = (triton.cdiv(N, bn), sk)          # one program per block of outputs (x K split)
         kernel, meta = choose(_gemv, w4a16_gemv_kernel, _GEMV_DEFAULT, {"BLOCK_K": bk}, config)
-        kernel[grid](x2, words, scale, zero, y, M, N, K, x2.stride(0), words.stride(0),
+        # x once in the unpacked tile's layout: plane j holds x[:, 8w + j] (M x K fp32, tiny
+        # next to the weights), so the kernel's x loads are contiguous
+        xp = x2.float().reshape(M, K // 8, 8).transpose(1, 2).contiguous()   # (M, 8, K/8)
+        kernel[grid](xp, words, scale, zero, y, M, N, K, xp.stride(0), words.stride(0),
                      scale.stride(0), y.stride(0), GROUP=G, BLOCK_M=pow2_at_least(M, 1, GEMV_MAX_M),
                      BLOCK_N=bn, SPLIT_K=sk, HAS_ZERO=has_zero, **meta)
         return y.to(x.dtype).reshape(out_shape)
@@ -375,7 +381,7 @@ def compile_jobs(arch: int, all_configs: bool = False):
     for act in acts:
         for group in ((32, 64, 128) if all_configs else (128,)):
             for has_zero in (False, True):
-                sig = dict(x_ptr=act, p_ptr="*i32", s_ptr="*fp16",
+                sig = dict(x_ptr="*fp32", p_ptr="*i32", s_ptr="*fp16",
                            z_ptr="*i32" if has_zero else "*fp16", y_ptr=act, M="i32", N="i32",
                            K="i32", stride_xm="i32", stride_pn="i32", stride_sn="i32",
                            stride_ym="i32")
@@ -391,7 +397,7 @@ def compile_jobs(arch: int, all_configs: bool = False):
                                     dict(sig, y_ptr="*fp32"), consts, _GEMV_CONFIGS,
                                     _GEMV_DEFAULT, all_configs, rows=1,
                                     weight_bytes_per_step=wbytes)
-                jobs += config_jobs("w4a16_gemm", w4a16_gemm_kernel, dict(sig, p_ptr="*u8"),
+                jobs += config_jobs("w4a16_gemm", w4a16_gemm_kernel, dict(sig, x_ptr=act, p_ptr="*u8"),
                                     dict(GROUP=group, HAS_ZERO=has_zero, DOT_FP32=act == "*fp32"),
                                     _GEMM_CONFIGS, _GEMM_DEFAULT, all_configs,
                                     rows=lambda c: c["BLOCK_M"],
