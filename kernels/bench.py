@@ -227,6 +227,21 @@ def peer_backends(act_dtype: torch.dtype = torch.bfloat16, with_fp8: bool = True
     return out
 
 
+def machine_backends(log=print, probe: bool = True) -> list[Backend]:
+    """What ``run()`` compares on this machine (lesson 10 lists them).
+
+    A GPU: the 16-bit baseline (BF16; FP16 below compute capability 8.0, no BF16 tensor
+    cores there), the course's kernels (FP8 from 8.9) and the peer baselines, each probed on
+    a small layer. A CPU (or the interpreter): fp32, bf16 and torch's CPU weight-only ops.
+    """
+    if torch.cuda.is_available() and not kernels.INTERPRET:
+        cc = torch.cuda.get_device_capability(0)
+        act = torch.bfloat16 if cc >= (8, 0) else torch.float16
+        out = gpu_backends(tuple(cc) >= (8, 9), act, peers=True)
+        return usable_backends(out, log, "cuda") if probe else out
+    return cpu_backends(probe=probe, log=log)
+
+
 def _bytes(b: Backend, M: int, N: int, K: int) -> float:
     gs = K if b.group_size == "per_channel" else b.group_size
     act = 4 if b.act_dtype == torch.float32 else 2
@@ -578,11 +593,7 @@ def _run(quick, budget_s, log, decode_layers, layers, batches, prefill_m, backen
     cc = tuple(rec["compute_capability"] or (0, 0))
     with_fp8 = gpu and cc >= (8, 9)
     if backends is None:
-        if gpu:   # no BF16 tensor cores below compute capability 8.0: FP16 is the baseline
-            act = torch.bfloat16 if cc >= (8, 0) else torch.float16
-            backends = usable_backends(gpu_backends(with_fp8, act, peers=True), log, "cuda")
-        else:
-            backends = cpu_backends(log=log)
+        backends = machine_backends(log)
     is_hopper = cc[0] == 9
     result = {
         "schema": SCHEMA,
