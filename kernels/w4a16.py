@@ -26,15 +26,17 @@ with q unpacked from ``packed`` (N, K/2) uint8 (seen by the kernels as (N, K/8) 
 
 Pseudo-code of the GEMV kernel (one program = all M rows of x, BLOCK_N rows of W)::
 
-    acc[M, BLOCK_N] = 0
-    for g0 in this program's groups, GPI groups per step:
-        words = load packed[n0:n0+BLOCK_N, one step] as int32   # 8 codes per word
-        f     = float_bits(((words >> 4j) & 0xF) | 0x4B000000)  # 2**23 + code, no conversion
-        q     = f - (2**23 + zero)                             # exact small integers
-        x_blk = load x[:, step] as (M, GPI, GROUP)             # the same layout as q
-        part  = sum over each group of x_blk * q               # (M, BLOCK_N, GPI)
-        acc  += sum over groups of part * scale                # one scale per group, once
-    y[:, n0:n0+BLOCK_N] (+)= acc
+    xp[m, j, w] = x[m, 8w + j]                     # once per call, in the wrapper (tiny)
+    acc[M, BLOCK_N, W] = 0                         # one partial sum per (token, output, word)
+    for each step of BLOCK_K weights (W = BLOCK_K / 8 words, a whole number of groups):
+        words = load packed[n0:n0+BLOCK_N, step] as int32   # 8 codes per word, evict-first
+        words ^= 0x88888888 (signed codes)         # +8 to every nibble: codes now 0..15
+        s, z  = scale and zero point of each word's group   # z = 8 for signed codes
+        for j in 0..7:                             # unrolled
+            q = float_bits(((words >> 4j) & 0xF) | 0x4B000000) - (2**23 + z)   # exact code
+            part += xp[:, j, step words] * q       # (M, BLOCK_N, W), no data between threads
+        acc += part * s                            # the scale once per word
+    y[:, n0:n0+BLOCK_N] (+)= sum of acc over words # one cross-thread sum, after the loop
 
 The GEMM kernel (batch > 8) reads the packed bytes, turns low and high nibbles into floats
 with the same bit trick, multiplies by the scale, and feeds them to ``tl.dot`` (in its
