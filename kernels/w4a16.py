@@ -9,9 +9,13 @@ What you will learn
 * Cheap dequantization, the bit trick (Marlin does it with one LOP3 instruction): a float32
   whose bit pattern is ``0x4B000000 | u`` is exactly 2**23 + u for a small integer u, so
   ``((word >> 4j) & 0xF) | 0x4B000000`` reinterpreted as float, minus 2**23, is the code as
-  a float with no int-to-float conversion. Signed codes (-8..7, two's complement) become
-  0..15 with one XOR of the whole word with 0x88888888; the kernel subtracts 2**23 + 8
-  (or 2**23 + zero point) in one floating-point subtraction.
+  a float with no int-to-float conversion (``unpack_int4_words`` does exactly this). Signed
+  codes (-8..7, two's complement) become 0..15 with one XOR of the whole word with
+  0x88888888. The GEMV kernel saves the shift too: it leaves code j where it is, at bit
+  4i (i = j % 5; one shift of the word by 20 after code 4), so its float is 2**23 + u *
+  16**i, and the 16**i is divided out of x once per call, exactly (a power of two). Per
+  code: one AND-OR (a LOP3), one subtraction, one multiply-add. The zero point (8 for
+  signed codes) is applied once per word: sum x * (u - z) = sum x * u - z * sum x.
 * Group-wise scales: one scale per ``GROUP`` consecutive weights of a row (128 by default;
   32 and 64 too). The kernel steps through K a whole number of groups at a time, sums each
   group's products first and multiplies by its scale once.
@@ -26,16 +30,16 @@ with q unpacked from ``packed`` (N, K/2) uint8 (seen by the kernels as (N, K/8) 
 
 Pseudo-code of the GEMV kernel (one program = all M rows of x, BLOCK_N rows of W)::
 
-    xp[m, j, w] = x[m, 8w + j]                     # once per call, in the wrapper (tiny)
+    xp[m, j, w] = x[m, 8w + j] / 16**(j % 5); xp[m, 8, w] = sum_j x[m, 8w + j]   # once per call
     acc[M, BLOCK_N, W] = 0                         # one partial sum per (token, output, word)
     for each step of BLOCK_K weights (W = BLOCK_K / 8 words, a whole number of groups):
         words = load packed[n0:n0+BLOCK_N, step] as int32   # 8 codes per word, evict-first
         words ^= 0x88888888 (signed codes)         # +8 to every nibble: codes now 0..15
         s, z  = scale and zero point of each word's group   # z = 8 for signed codes
-        for j in 0..7:                             # unrolled
-            q = float_bits(((words >> 4j) & 0xF) | 0x4B000000) - (2**23 + z)   # exact code
-            part += xp[:, j, step words] * q       # (M, BLOCK_N, W), no data between threads
-        acc += part * s                            # the scale once per word
+        for j in 0..7:                             # unrolled; after j = 4, words >>= 20
+            v = float_bits((words & (0xF << 4i)) | 0x4B000000) - 2**23   # i = j % 5: u * 16**i
+            part += xp[:, j, step words] * v       # = x * u; no data moved between threads
+        acc += (part - z * xp[:, 8, step words]) * s        # zero point and scale once per word
     y[:, n0:n0+BLOCK_N] (+)= sum of acc over words # one cross-thread sum, after the loop
 
 The GEMM kernel (batch > 8) reads the packed bytes, turns low and high nibbles into floats
@@ -67,16 +71,17 @@ FLIP = tl.constexpr(-0x77777778)     # 0x88888888 as a signed 32-bit number: +8 
 
 @triton.jit
 def w4a16_gemv_kernel(
-    x_ptr,        # activations in the weight's layout, (M, 8, K // 8) fp32: x[m, j, w] = x[m, 8w + j]
+    x_ptr,        # activations in the weight's layout, (M, 9, K // 8) fp32 (gemv_activations)
     p_ptr,        # packed int4 weights seen as int32 words, (N, K // 8), 8 codes per word
     s_ptr,        # scales, (N, K // GROUP), any float dtype
     z_ptr,        # zero points, (N, K // GROUP) (ignored unless HAS_ZERO)
     y_ptr,        # output, (M, N); fp32 and zero-filled when SPLIT_K > 1
     M, N, K,      # problem size (K counts unpacked weights; M <= BLOCK_M)
-    stride_xm,    # elements between tokens of x (K)
+    stride_xm,    # elements between tokens of x (9 * K // 8)
     stride_pn,    # int32 words between rows of packed
     stride_sn,    # elements between rows of scale (and of zero)
     stride_ym,    # elements between rows of y
+    magic,        # 0x4B000000 (MAGIC), passed at run time: see the note in the wrapper
     GROUP: tl.constexpr,     # weights per scale along K (32, 64 or 128)
     BLOCK_K: tl.constexpr,   # weights per loop step: a whole number of groups (>= GROUP)
     BLOCK_M: tl.constexpr,   # rows of x per program: a power of 2 >= M (1, 2, 4 or 8)
@@ -119,18 +124,24 @@ def w4a16_gemv_kernel(
             zero = tl.load(z_ptr + sz_ptrs, mask=w_mask, other=0).to(tl.float32)
         else:
             zero = tl.full((1, BLOCK_N, W), 8.0, tl.float32)  # the XOR shifted codes by 8
-        bias = zero + TWO_23                                 # (1, BLOCK_N, W)
+        x_mask = (t3 < M) & kw_mask                          # (BLOCK_M, 1, W)
+        x_row = x_ptr + t3 * stride_xm + g0 * WPG + w3       # plane 0 of this step's words
         for j in tl.static_range(8):                         # code j of every word
-            bits = ((words >> (4 * j)) & 0xF) | MAGIC        # float32 bits of 2**23 + u
-            q = bits.to(tl.float32, bitcast=True) - bias     # (1, BLOCK_N, W) exact codes
-            # x in the weight tile's layout: plane j holds x[:, 8w + j], contiguous along w
-            x_j = tl.load(x_ptr + t3 * stride_xm + j * (K // 8) + g0 * WPG + w3,
-                          mask=(t3 < M) & kw_mask, other=0.0)   # (BLOCK_M, 1, W) fp32
+            if j == 5:
+                words = words >> 20                          # codes 5..7 down to bits 0..11
+            # the code stays in place: bits 0x4B000000 | (u << 4i) are the float 2**23 + u * 16**i
+            bits = (words & (0xF << (4 * (j % 5)))) | magic  # i = j % 5 (at most bits 16..19)
+            v = bits.to(tl.float32, bitcast=True) - TWO_23   # (1, BLOCK_N, W) u * 16**i, exact
+            # x in the weight tile's layout, plane j: x[:, 8w + j] / 16**i (exact), so that
+            # x_j * v = x * u; contiguous along w
+            x_j = tl.load(x_row + j * (K // 8), mask=x_mask, other=0.0)   # (BLOCK_M, 1, W)
             if j == 0:
-                part = x_j * q                               # (BLOCK_M, BLOCK_N, W)
+                part = x_j * v                               # (BLOCK_M, BLOCK_N, W)
             else:
-                part += x_j * q
-        acc3 += part * s                                     # one scale per word's group
+                part += x_j * v                              # sum over the word of x * u
+        x_sum = tl.load(x_row + 8 * (K // 8), mask=x_mask, other=0.0)   # plane 8: sum of x
+        # sum of x * (u - zero) = sum of x * u - zero * sum of x; the scale once per word
+        acc3 += (part - zero * x_sum) * s
     acc = tl.sum(acc3, axis=2)                               # (BLOCK_M, BLOCK_N)
     y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     y_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
@@ -211,7 +222,7 @@ def w4a16_gemm_kernel(
 # BLOCK_K: weights per GEMV step (2 or more groups of 64 or 32 per step, 1-2 of 128).
 _GEMV_CONFIGS = [triton.Config({"BLOCK_K": bk}, num_warps=w, num_stages=s)
                  for bk, w, s in [(128, 4, 4), (128, 4, 3), (256, 4, 3), (256, 8, 3),
-                                  (512, 8, 2)]]
+                                  (512, 4, 3), (512, 8, 2)]]
 _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
                  for bm, bn, w, s in [(16, 16, 2, 4), (16, 32, 4, 4), (16, 64, 4, 4),
                                       (32, 64, 4, 4), (64, 64, 4, 4),
@@ -227,6 +238,22 @@ else:
                                                 "SPLIT_K"],
                             reset_to_zero=["y_ptr"], restore_value=["y_ptr"])(w4a16_gemv_kernel)
     _gemm = triton.autotune(_GEMM_CONFIGS, key=["M", "N", "K", "GROUP"])(w4a16_gemm_kernel)
+
+
+def gemv_activations(x: torch.Tensor) -> torch.Tensor:
+    """x (M, K) -> (M, 9, K/8) fp32: the GEMV kernel's activations, in its weight tile's layout.
+
+    Plane j (0..7) holds x[:, 8w + j] / 16**(j % 5): the kernel leaves code j of a word in
+    place (shifted by 4 * (j % 5) bits), so its float is u * 16**(j % 5) and this exact
+    power-of-two factor undoes that. Plane 8 holds the sum of each word's 8 activations,
+    for the zero point: sum of x * (u - z) = sum of x * u - z * sum of x. M x K values, tiny
+    next to the weights; computed once per call.
+    """
+    M, K = x.shape
+    x8 = x.float().reshape(M, K // 8, 8)                                # (M, K/8, 8)
+    undo = 16.0 ** -(torch.arange(8, device=x.device) % 5)              # (8,) powers of two
+    planes = (x8 * undo).transpose(1, 2)                                # (M, 8, K/8)
+    return torch.cat([planes, x8.sum(dim=2)[:, None, :]], dim=1).contiguous()   # (M, 9, K/8)
 
 
 def unpack_int4_words(words: torch.Tensor, signed: bool = True) -> torch.Tensor:
@@ -354,11 +381,12 @@ def w4a16_linear(x: torch.Tensor, wt: W4A16Weight, *, block_n: int | None = None
              else torch.empty((M, N), dtype=x.dtype, device=x.device))        # (M, N)
         grid = (triton.cdiv(N, bn), sk)          # one program per block of outputs (x K split)
         kernel, meta = choose(_gemv, w4a16_gemv_kernel, _GEMV_DEFAULT, {"BLOCK_K": bk}, config)
-        # x once in the unpacked tile's layout: plane j holds x[:, 8w + j] (M x K fp32, tiny
-        # next to the weights), so the kernel's x loads are contiguous
-        xp = x2.float().reshape(M, K // 8, 8).transpose(1, 2).contiguous()   # (M, 8, K/8)
+        xp = gemv_activations(x2)                                       # (M, 9, K/8) fp32
+        # MAGIC goes in as a run-time argument: as a compile-time constant, the GPU compiler
+        # re-creates it in a register before every use (a LOP3 instruction holds only one
+        # constant), about 1.5 instructions per weight byte more (kernels.compile_check)
         kernel[grid](xp, words, scale, zero, y, M, N, K, xp.stride(0), words.stride(0),
-                     scale.stride(0), y.stride(0), GROUP=G, BLOCK_M=pow2_at_least(M, 1, GEMV_MAX_M),
+                     scale.stride(0), y.stride(0), MAGIC.value, GROUP=G, BLOCK_M=pow2_at_least(M, 1, GEMV_MAX_M),
                      BLOCK_N=bn, SPLIT_K=sk, HAS_ZERO=has_zero, **meta)
         return y.to(x.dtype).reshape(out_shape)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)                   # (M, N)
@@ -386,7 +414,7 @@ def compile_jobs(arch: int, all_configs: bool = False):
                 sig = dict(x_ptr="*fp32", p_ptr="*i32", s_ptr="*fp16",
                            z_ptr="*i32" if has_zero else "*fp16", y_ptr=act, M="i32", N="i32",
                            K="i32", stride_xm="i32", stride_pn="i32", stride_sn="i32",
-                           stride_ym="i32")
+                           stride_ym="i32", magic="i32")
                 wbytes = lambda c: c["BLOCK_N"] * c["BLOCK_K"] // 2  # noqa: E731
                 for rows in (1, 4, 8):
                     consts = dict(GROUP=group, BLOCK_M=rows, BLOCK_N=32 if rows <= 2 else 16,
@@ -399,7 +427,8 @@ def compile_jobs(arch: int, all_configs: bool = False):
                                     dict(sig, y_ptr="*fp32"), consts, _GEMV_CONFIGS,
                                     _GEMV_DEFAULT, all_configs, rows=1,
                                     weight_bytes_per_step=wbytes)
-                jobs += config_jobs("w4a16_gemm", w4a16_gemm_kernel, dict(sig, x_ptr=act, p_ptr="*u8"),
+                gemm_sig = {k: v for k, v in sig.items() if k != "magic"}
+                jobs += config_jobs("w4a16_gemm", w4a16_gemm_kernel, dict(gemm_sig, x_ptr=act, p_ptr="*u8"),
                                     dict(GROUP=group, HAS_ZERO=has_zero, DOT_FP32=act == "*fp32"),
                                     _GEMM_CONFIGS, _GEMM_DEFAULT, all_configs,
                                     rows=lambda c: c["BLOCK_M"],
