@@ -2,17 +2,25 @@
 
 Runs on whatever is there and writes ``results/bench_<device>.json``:
 
-* on a CUDA GPU: torch BF16 ``F.linear`` against the course's Triton kernels (W8A16,
-  W4A16 group 128, FP8 W8A8 with activation quantization when compute capability >= 8.9)
-  on Llama-3.1-8B layer shapes (4096x4096, 4096x14336, 14336x4096, 4096x1024) and 70B-like
-  ones (8192x8192, 8192x28672), batch 1, 4, 16, 64, prefill M=2048 (and M=4096 for FP8),
-  timed with ``triton.testing.do_bench`` (L2 flushed, medians); then end-to-end decode
-  tokens/s of a stack of 8B-shaped decoder layers (random weights; attention left out);
+* on a CUDA GPU: torch BF16 ``F.linear`` (FP16 below compute capability 8.0, where there
+  are no BF16 tensor cores) against the course's Triton kernels (``GPU_KERNEL_MODULES``:
+  W8A16, W4A16 group 128, FP8 W8A8 with activation quantization when compute capability
+  >= 8.9) and against what a user would pick instead (``peer_backends``: ``torch.compile``d
+  int8 weight-only as in gpt-fast, ``torch._scaled_mm`` row-wise FP8), on Llama-3.1-8B layer
+  shapes (4096x4096, 4096x14336, 14336x4096, 4096x1024) and 70B-like ones (8192x8192,
+  8192x28672), batch 1, 4, 16, 64, prefill M=2048 (and M=4096 for FP8), timed from CUDA
+  graphs over weight copies larger than L2 (``FIELDS`` says what each timing means); then
+  end-to-end decode tokens/s of a stack of 8B-shaped decoder layers (random weights;
+  attention left out; as many layers as half the free GPU memory holds, up to 32);
 * on a CPU: what a CPU can run fast, never the Triton interpreter: fp32 and bf16
   ``F.linear`` against torch's weight-only CPU kernels ``_weight_int8pack_mm`` (int8,
   per channel) and ``_weight_int4pack_mm_for_cpu`` (int4, group 128), A/B interleaved,
-  within a time budget (``--quick`` for notebooks and tests).
+  within a time budget (``--quick`` for notebooks and tests). These backends are CPU-only:
+  they always get CPU tensors, even on a GPU machine.
 
+Every backend's output is checked against exact fp32 ``F.linear`` once per layer before it
+is timed (``check_rel_err``, ``output_ok``). Copy *and* read-only bandwidth are measured:
+a GEMV only reads, so bandwidth targets are shares of the read figure.
 Shapes are written (K in) x (N out), as the layers map K features to N.
 The JSON holds the device, versions, every timing (median ms, GB/s, TFLOP/s, ratio to the
 baseline) and, for each performance target of the course, the measured value and whether
