@@ -401,28 +401,38 @@ def _time_one(B, H, K, S, hd) -> dict:
 # ---------------------------------------------------------------------------- ahead-of-time compile
 
 def compile_jobs(arch: int, all_configs: bool = False):
-    """Jobs for ``kernels.compile_check`` (its tuple format): (name, kernel, signature,
-    constexprs, num_warps, num_stages, must_compile). FP8 loads need sm_89 or newer."""
+    """What ``kernels.compile_check`` compiles for this file: the decode kernel on a BF16 (FP16
+    below sm_80), FP8 (sm_89+) and INT8 cache, unsplit and split, and the combine kernel.
+    Every job is the configuration the wrapper launches (BLOCK_S 64, 4 warps, 2 stages)."""
+    from kernels._common import CompileJob
+
     I = "i32"
+    half = "*fp16" if arch < 80 else "*bf16"
     shapes = [(32, 8, 128), (9, 3, 64)] if all_configs else [(32, 8, 128)]
+    jobs = []
     for H, K, hd in shapes:
         rep = H // K
-        for mode, (cache_t, scale_t) in (("bf16", ("*bf16", "*fp32")), ("fp8", ("*fp8e4nv", "*fp32")),
-                                        ("int8", ("*i8", "*fp16"))):
-            # one config per format by default (both split paths covered), all with --all-configs
+        for mode, cache_t, scale_t, value_bytes in (("bf16", half, "*fp32", 2),
+                                                    ("fp8", "*fp8e4nv", "*fp32", 1),
+                                                    ("int8", "*i8", "*fp16", 1)):
+            # one split per format by default (both paths covered), both with all_configs
             splits = (1, 4) if all_configs else ({"bf16": 1, "fp8": 4, "int8": 1}[mode],)
             for split in splits:
-                sig = dict(q_ptr="*bf16", k_ptr=cache_t, v_ptr=cache_t, ks_ptr=scale_t,
-                           vs_ptr=scale_t, len_ptr="*i32", o_ptr="*bf16" if split == 1 else "*fp32",
+                sig = dict(q_ptr=half, k_ptr=cache_t, v_ptr=cache_t, ks_ptr=scale_t,
+                           vs_ptr=scale_t, len_ptr="*i32", o_ptr=half if split == 1 else "*fp32",
                            ml_ptr="*fp32", stride_kb=I, stride_kh=I, stride_ks=I, stride_sb=I,
                            stride_sh=I, sm_scale="fp32")
                 consts = dict(H=H, REP=rep, REP_P=_pow2(rep), HD=hd, HD_P=_pow2(hd), BLOCK_S=64,
                               SPLIT=split, MODE=MODES[mode], PER_HEAD=True)
-                yield (f"decode_attn_{mode}", decode_attention_kernel, sig, consts, 4, 2,
-                       mode != "fp8" or arch >= 89)
-        yield ("decode_attn_combine", combine_splits_kernel,
-               dict(part_ptr="*fp32", ml_ptr="*fp32", o_ptr="*bf16"),
-               dict(SPLIT=4, SPLIT_P=4, HD=hd, HD_P=_pow2(hd)), 4, 2, True)
+                jobs.append(CompileJob(f"decode_attn_{mode}", decode_attention_kernel, sig, consts,
+                                       num_warps=4, num_stages=2, min_cc=89 if mode == "fp8" else 0,
+                                       weight_bytes_per_step=2 * 64 * hd * value_bytes,
+                                       default=True))
+        jobs.append(CompileJob("decode_attn_combine", combine_splits_kernel,
+                               dict(part_ptr="*fp32", ml_ptr="*fp32", o_ptr=half),
+                               dict(SPLIT=4, SPLIT_P=4, HD=hd, HD_P=_pow2(hd)), num_warps=4,
+                               num_stages=2, default=True))
+    return jobs
 
 
 # ---------------------------------------------------------------------------- command
