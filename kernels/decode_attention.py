@@ -35,10 +35,12 @@ Pseudo-code of one program (sequence b, KV head kh, context slice sp)::
     q[REP, hd] = queries of the REP heads that share kh, times 1/sqrt(hd)
     m = -inf, l = 0, acc[REP, hd] = 0
     for j0 in this slice, BLOCK_S at a time:
-        k = load codes k[b, kh, j0:j0+BLOCK_S] -> float, x scale      # dequantize in registers
-        s = q @ k^T                          # (REP, BLOCK_S), masked past L_b
+        k, v = load codes [b, kh, j0:j0+BLOCK_S]      # 1 byte per value for FP8/INT8
+        s = (q @ k^T) x key scale            # (REP, BLOCK_S), masked past L_b; the scale is
+                                             # per head (FP8) or per token = per column (INT8)
         m_new = max(m, max_j s);  p = exp(s - m_new);  alpha = exp(m - m_new)
-        l = l * alpha + sum_j p;   acc = acc * alpha + p @ (v codes -> float x scale)
+        l = l * alpha + sum_j p
+        acc = acc * alpha + ((p x INT8 per-token value scale) @ v) x FP8 value scale
         m = m_new
     SPLIT == 1: out = acc / l          else: store (m, l, acc) for the combine kernel
 """
@@ -83,6 +85,9 @@ def decode_attention_kernel(
     SPLIT: tl.constexpr,    # slices of the context per sequence (1 = no split)
     MODE: tl.constexpr,     # 0: 16-bit cache, 1: fp8 with a scale per head, 2: int8 per token
     PER_HEAD: tl.constexpr, # fp8: one scale per KV head (True) or one for all heads (False)
+    DOT: tl.constexpr = 0,  # 0: products summed with tl.sum; 1: tl.dot in fp32 (interpreter);
+                            # 2: tl.dot in bf16 (tensor cores; REP_P padded to >= 16 rows);
+                            # 3: tl.dot in fp16 (Turing: no bf16 tensor cores)
 ):
     b = tl.program_id(0)            # sequence
     kh = tl.program_id(1)           # KV head
@@ -118,22 +123,42 @@ def decode_attention_kernel(
         s_mask = offs_s < end
         kv_off = base + offs_s[:, None] * stride_ks + offs_d[None, :]
         kv_mask = s_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)  # (BLOCK_S, HD_P)
-        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0).to(tl.float32)
-        if MODE == 1:
-            k = k * k_sc
-            v = v * v_sc
-        if MODE == 2:   # int8: one fp16 scale per cached token and head
+        # codes as they are (int8 and fp8 convert to bf16 exactly); the scales are applied
+        # where they cost least: to the scores and to p, not to every cached value
+        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)         # (BLOCK_S, HD_P)
+        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+        if DOT == 0:
+            s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # (REP_P, BLOCK_S)
+        elif DOT == 1:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        elif DOT == 2:
+            s = tl.dot(q.to(tl.bfloat16), tl.trans(k.to(tl.bfloat16)))
+        else:
+            s = tl.dot(q.to(tl.float16), tl.trans(k.to(tl.float16)))
+        if MODE == 1:   # fp8: the head's key scale multiplies every score
+            s = s * k_sc
+        if MODE == 2:   # int8: one fp16 scale per cached token and head -> one per column of s
             sc_off = b * stride_sb + kh * stride_sh + offs_s
-            k = k * tl.load(ks_ptr + sc_off, mask=s_mask, other=0.0).to(tl.float32)[:, None]
-            v = v * tl.load(vs_ptr + sc_off, mask=s_mask, other=0.0).to(tl.float32)[:, None]
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)             # (REP_P, BLOCK_S)
+            s = s * tl.load(ks_ptr + sc_off, mask=s_mask, other=0.0).to(tl.float32)[None, :]
         s = tl.where(s_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))                      # (REP_P,)
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])                                # (REP_P, BLOCK_S)
         l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        pw = p
+        if MODE == 2:   # int8 values: token j's scale weighs p[:, j], not v[j, :]
+            pw = p * tl.load(vs_ptr + sc_off, mask=s_mask, other=0.0).to(tl.float32)[None, :]
+        if DOT == 0:
+            pv = tl.sum(pw[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)  # (REP_P, HD_P)
+        elif DOT == 1:
+            pv = tl.dot(pw, v.to(tl.float32), input_precision="ieee")
+        elif DOT == 2:
+            pv = tl.dot(pw.to(tl.bfloat16), v.to(tl.bfloat16))
+        else:
+            pv = tl.dot(pw.to(tl.float16), v.to(tl.float16))
+        if MODE == 1:   # fp8: the head's value scale, once per output
+            pv = pv * v_sc
+        acc = acc * alpha[:, None] + pv
         m = m_new
 
     out_mask = r_mask[:, None] & d_mask[None, :]
@@ -251,12 +276,15 @@ def split_plan(B: int, K: int, max_len: int, block_s: int) -> int:
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      lengths: torch.Tensor, k_scale: torch.Tensor | None = None,
                      v_scale: torch.Tensor | None = None, *, split: int | None = None,
-                     block_s: int | None = None) -> torch.Tensor:
+                     block_s: int | None = None, dot: int | None = None) -> torch.Tensor:
     """One decode step's attention with the Triton kernel (lesson 11): (B, H, hd) in q's dtype.
 
     q (B, H, hd); k_cache, v_cache (B, K, S, hd) in bf16/fp16/fp32, float8_e4m3fn or int8;
     lengths (B,): positions each sequence reads; scales as the module docstring lists.
-    ``split``/``block_s`` override the launch plan (tests use them to reach every path).
+    ``split``/``block_s`` override the launch plan (tests use them to reach every path);
+    ``dot``: 0 products and tl.sum, 1 tl.dot in fp32, 2 tl.dot in bf16 (the GPU default;
+    the query heads of a KV head are padded to 16 rows, which costs maths, not bytes), 3 in
+    fp16 (the default below compute capability 8.0).
     """
     mode, lens = _check(q, k_cache, v_cache, lengths, k_scale, v_scale)
     check_device(q, k_cache, v_cache, lens)
@@ -268,6 +296,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     bs = block_s or (16 if INTERPRET else 64)
     sp = split or split_plan(B, K, int(lens.max()), bs)
     rep = H // K
+    if dot is None:
+        dot = (2 if torch.cuda.get_device_capability() >= (8, 0) else 3) if on_gpu() else 0
+    rep_p = max(16, _pow2(rep)) if dot else _pow2(rep)
     dummy = torch.zeros(1, dtype=torch.float32, device=q.device)
     ks = dummy if k_scale is None else k_scale.contiguous()
     vs = dummy if v_scale is None else v_scale.contiguous()
@@ -283,9 +314,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     decode_attention_kernel[(B, K, sp)](
         q, k_cache, v_cache, ks, vs, lens, part, ml,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), stride_sb, stride_sh,
-        1.0 / math.sqrt(hd), H=H, REP=rep, REP_P=_pow2(rep), HD=hd, HD_P=_pow2(hd),
+        1.0 / math.sqrt(hd), H=H, REP=rep, REP_P=rep_p, HD=hd, HD_P=_pow2(hd),
         BLOCK_S=bs, SPLIT=sp, MODE=MODES[mode], PER_HEAD=mode == "fp8" and ks.numel() > 1,
-        **meta)
+        DOT=dot, **meta)
     if sp > 1:
         combine_splits_kernel[(B * H,)](part, ml, out, SPLIT=sp, SPLIT_P=_pow2(sp), HD=hd,
                                         HD_P=_pow2(hd), **meta)
@@ -422,8 +453,9 @@ def compile_jobs(arch: int, all_configs: bool = False):
                            vs_ptr=scale_t, len_ptr="*i32", o_ptr=half if split == 1 else "*fp32",
                            ml_ptr="*fp32", stride_kb=I, stride_kh=I, stride_ks=I, stride_sb=I,
                            stride_sh=I, sm_scale="fp32")
-                consts = dict(H=H, REP=rep, REP_P=_pow2(rep), HD=hd, HD_P=_pow2(hd), BLOCK_S=64,
-                              SPLIT=split, MODE=MODES[mode], PER_HEAD=True)
+                consts = dict(H=H, REP=rep, REP_P=max(16, _pow2(rep)), HD=hd, HD_P=_pow2(hd),
+                              BLOCK_S=64, SPLIT=split, MODE=MODES[mode], PER_HEAD=True,
+                              DOT=2 if arch >= 80 else 3)
                 jobs.append(CompileJob(f"decode_attn_{mode}", decode_attention_kernel, sig, consts,
                                        num_warps=4, num_stages=2, min_cc=89 if mode == "fp8" else 0,
                                        weight_bytes_per_step=2 * 64 * hd * value_bytes,
