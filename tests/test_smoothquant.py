@@ -100,3 +100,22 @@ def test_one_layer_smooths_its_whole_group_only():
     assert list(factors) == ["model.layers.1.input_layernorm"]
     assert torch.equal(smooth.model.layers[0].mlp.down_proj.weight,
                        model.model.layers[0].mlp.down_proj.weight)
+
+
+def test_fold_scales_by_hand():
+    norm = torch.tensor([1.0, 2.0, 4.0])
+    w = torch.tensor([[1.0, 1.0, 1.0], [2.0, 0.0, -1.0]])
+    s = torch.tensor([2.0, 4.0, 0.5])
+    new_norm, (new_w,) = sq.fold_scales(norm, [w], s)
+    assert new_norm.tolist() == [0.5, 0.5, 8.0]
+    assert new_w.tolist() == [[2.0, 4.0, 0.5], [4.0, 0.0, -0.5]]
+    assert norm.tolist() == [1.0, 2.0, 4.0]                      # not modified in place
+    up = torch.arange(6.0).view(3, 2)                            # a Linear predecessor (K=3, in=2)
+    new_up, _ = sq.fold_scales(up, [w], s)
+    assert torch.equal(new_up, up / s[:, None])
+    x = torch.randn(5, 2)
+    assert torch.allclose((x @ new_up.T) @ new_w.T, (x @ up.T) @ w.T, atol=1e-5)
+    with pytest.raises(ValueError, match="finite and positive"):
+        sq.fold_scales(norm, [w], torch.tensor([1.0, 0.0, 1.0]))
+    with pytest.raises(ValueError, match=r"\(out, 3\)"):
+        sq.fold_scales(norm, [w.T], s)

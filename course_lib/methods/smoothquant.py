@@ -19,7 +19,8 @@ Dividing x by s costs nothing at run time when it is *folded* into whatever prod
   in up's output).
 
 o_proj has no such predecessor here (its input comes out of attention), so it is refused.
-Taught by :func:`smoothing_factors`, :func:`fold_groups`, :func:`smooth_model`.
+Taught by :func:`smoothing_factors`, :func:`fold_scales`, :func:`fold_groups`,
+:func:`smooth_model`.
 """
 from __future__ import annotations
 
@@ -61,6 +62,29 @@ def smoothing_factors(act_absmax, weight_absmax, alpha: float = 0.5) -> torch.Te
         raise ValueError("maxima must be finite and non-negative (take .abs() before .amax())")
     s = a.pow(alpha) / w.pow(1 - alpha)                                   # (K,)
     return torch.where((a > 0) & (w > 0), s, torch.ones_like(s))
+
+
+def fold_scales(pred_weight: torch.Tensor, weights, s: torch.Tensor):
+    """Fold factors s (K,) into a predecessor and the Linears after it (lesson 08).
+
+    pred_weight: an RMSNorm weight (K,), or a Linear weight (K, in) whose K output rows feed
+    the K input channels; weights: the (out, K) weights that read those channels. Returns
+    (pred_weight / s, [w * s for w in weights]): the predecessor's output channel j shrinks by
+    s_j and every column j of the following weights grows by s_j, so their product is
+    unchanged. New tensors; nothing is modified in place.
+    """
+    s = torch.as_tensor(s)
+    if s.dim() != 1 or pred_weight.shape[0] != s.shape[0]:
+        raise ValueError(f"s must be (K,) with K = pred_weight.shape[0] = {pred_weight.shape[0]}; "
+                         f"got {tuple(s.shape)}")
+    if not bool(torch.isfinite(s).all()) or bool((s <= 0).any()):
+        raise ValueError("smoothing factors must be finite and positive")
+    bad = [tuple(w.shape) for w in weights if w.dim() != 2 or w.shape[1] != s.shape[0]]
+    if bad:
+        raise ValueError(f"every following weight must be (out, {s.shape[0]}); got {bad}")
+    s = s.to(pred_weight.dtype)
+    pred = pred_weight / s.reshape(-1, *([1] * (pred_weight.dim() - 1)))   # (K,) or (K, in)
+    return pred, [w * s[None, :] for w in weights]                          # (out, K) each
 
 
 def weight_absmax(*weights: torch.Tensor) -> torch.Tensor:
@@ -143,15 +167,12 @@ def smooth_model(model: nn.Module, act_absmax: dict, alpha: float = 0.5, layers=
                              f"{tuple(torch.as_tensor(stat).shape)} but the layer has {K} input "
                              f"features: were they captured on another model?")
         s = smoothing_factors(stat, weight_absmax(*[lin.weight for lin in lins]), alpha)  # (K,)
-        s = s.to(pred.weight.dtype)
-        if isinstance(pred, nn.Linear):                 # up_proj: its output rows are x's columns
-            pred.weight.div_(s[:, None])                                   # (K, in)
-            if pred.bias is not None:
-                pred.bias.div_(s)
-        else:                                           # RMSNorm: y = norm(x) * weight
-            pred.weight.div_(s)                                            # (K,)
-        for lin in lins:
-            lin.weight.mul_(s[None, :])                                    # (out, K)
+        new_pred, new_ws = fold_scales(pred.weight, [lin.weight for lin in lins], s)
+        pred.weight.copy_(new_pred)                    # RMSNorm (K,) or up_proj rows (K, in)
+        if getattr(pred, "bias", None) is not None:
+            pred.bias.div_(s.to(pred.bias.dtype))
+        for lin, w in zip(lins, new_ws):
+            lin.weight.copy_(w)                                            # (out, K)
         factors[pred_name] = s
     return model, factors
 
