@@ -298,3 +298,59 @@ def decomposition_cost(M: int, N: int, K: int, n_outliers: int, act_bytes: int =
             "int8_flops": int8_flops, "fp16_flops": f16_flops,
             # matmul time relative to all-INT8: a 16-bit FLOP costs two INT8 ones on A100/H100
             "compute_ratio": (int8_flops + 2 * f16_flops) / (2 * M * N * K)}
+
+
+# ---------------------------------------------------------------------------- the command
+
+def outlier_facts(model, calib_ids: torch.Tensor, ref=None, threshold: float = DEFAULT_THRESHOLD
+                  ) -> dict:
+    """What lesson 05 reads off a model: which input columns cross the threshold, per layer;
+    the systematic features; and (with ``ref``) zeroing them versus zeroing as many random
+    columns, against the reference. Used by ``python -m course_lib.methods.llm_int8``."""
+    from course_lib import activations
+    from course_lib import eval as ceval
+
+    acts = activations.capture_linear_inputs(model, calib_ids, batch_size=4)
+    acts = {n: x for n, x in acts.items() if not n.endswith(("k_proj", "v_proj", "up_proj"))}
+    report = threshold_report(acts, threshold)
+    normed = {n: x for n, x in acts.items() if n.endswith(("q_proj", "gate_proj"))}
+    top = {n: x.abs().amax(0).topk(3).indices.tolist() for n, x in normed.items()}
+    down = {n: {"max": float(x.abs().max()), "median_channel_max": float(x.abs().amax(0).median()),
+                "channels_over_threshold": int(((x.abs() >= threshold).any(0)).sum())}
+            for n, x in acts.items() if n.endswith("down_proj")}
+    feats = systematic_features(normed, threshold)
+    out = {"threshold": threshold, "report": report, "top3_channels_post_norm": top,
+           "down_proj": down, "systematic_features": {str(k): v for k, v in feats.items()}}
+    if ref is not None and feats:
+        names = [n for n in (n for n, _ in model.named_modules())
+                 if n.endswith(("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))]
+        width = next(iter(normed.values())).shape[1]
+        g = torch.Generator().manual_seed(0)
+        others = [int(c) for c in torch.randperm(width, generator=g) if int(c) not in feats]
+        rnd = others[:len(feats)]
+        out["zero_systematic"] = ceval.compare(zero_features(model, {n: list(feats) for n in names}), ref)
+        out["zero_random"] = ceval.compare(zero_features(model, {n: rnd for n in names}), ref)
+        out["random_columns"] = rnd
+    return out
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    from pathlib import Path
+
+    p = argparse.ArgumentParser(description="LLM.int8() outlier facts -> results/llm_int8_<model>.json")
+    p.add_argument("--model", choices=["bundled", "smollm2"], default="bundled")
+    args = p.parse_args(argv)
+    from course_lib.methods import w8a8
+    model, ref, calib = w8a8.bundled_setup() if args.model == "bundled" else w8a8.smollm_setup()
+    out = outlier_facts(model, calib, ref)
+    out["model"] = args.model
+    path = Path(__file__).resolve().parents[2] / "results" / f"llm_int8_{args.model}.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
