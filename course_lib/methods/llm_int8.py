@@ -321,14 +321,23 @@ def outlier_facts(model, calib_ids: torch.Tensor, ref=None, threshold: float = D
     feats = systematic_features(normed, threshold)
     out = {"threshold": threshold, "report": report, "top3_channels_post_norm": top,
            "down_proj": down, "systematic_features": {str(k): v for k, v in feats.items()}}
-    if ref is not None and feats:
+    # what to zero: the systematic features, or (when the model has none by the paper's
+    # criterion) the three channels most often among the top 3 of the normalized inputs
+    if feats:
+        zeroed, kind = list(feats), "systematic features"
+    else:
+        from collections import Counter
+        counts = Counter(c for cols in top.values() for c in cols)
+        zeroed, kind = [c for c, _ in counts.most_common(3)], "three most persistent channels"
+    out["zeroed"], out["zeroed_kind"] = zeroed, kind
+    if ref is not None:
         names = [n for n in (n for n, _ in model.named_modules())
                  if n.endswith(("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))]
         width = next(iter(normed.values())).shape[1]
         g = torch.Generator().manual_seed(0)
-        others = [int(c) for c in torch.randperm(width, generator=g) if int(c) not in feats]
-        rnd = others[:len(feats)]
-        out["zero_systematic"] = ceval.compare(zero_features(model, {n: list(feats) for n in names}), ref)
+        others = [int(c) for c in torch.randperm(width, generator=g) if int(c) not in zeroed]
+        rnd = others[:len(zeroed)]
+        out["zero_systematic"] = ceval.compare(zero_features(model, {n: zeroed for n in names}), ref)
         out["zero_random"] = ceval.compare(zero_features(model, {n: rnd for n in names}), ref)
         out["random_columns"] = rnd
     return out
