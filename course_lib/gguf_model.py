@@ -119,6 +119,24 @@ def unpack_q8_0(raw: np.ndarray, cols: int) -> BlockQuantized:
                           torch.from_numpy(d.copy()), None)
 
 
+def dequantize_q4_1_blocks(raw: torch.Tensor) -> torch.Tensor:
+    """Raw Q4_1 blocks (n, 20) uint8 -> their 32 weights each, (n, 32) fp32 (lesson 04).
+
+    Bytes 0-1: scale d (fp16); 2-3: minimum m (fp16); byte 4 + i holds weight i in its low
+    nibble and weight i + 16 in its high nibble. w = d * q + m, computed in fp32.
+    """
+    if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8:
+        raise TypeError(f"raw must be a uint8 torch tensor of bytes; got "
+                        f"{type(raw).__name__} {getattr(raw, 'dtype', '')}")
+    if raw.dim() != 2 or raw.shape[1] != Q4_1_BYTES:
+        raise ValueError(f"raw must have shape (n_blocks, {Q4_1_BYTES}); got {tuple(raw.shape)}")
+    d = raw[:, 0:2].contiguous().view(torch.float16).float()                # (n, 1)
+    m = raw[:, 2:4].contiguous().view(torch.float16).float()                # (n, 1)
+    qs = raw[:, 4:]                                                          # (n, 16)
+    q = torch.cat([qs & 0x0F, qs >> 4], dim=1).float()                       # (n, 32)
+    return d * q + m
+
+
 def quantize_q4_1(w: torch.Tensor) -> BlockQuantized:
     """Quantize w (out, in) with llama.cpp's Q4_1 rule (lesson 04).
 

@@ -245,14 +245,149 @@ def reference(model, n_windows: int = N_WINDOWS, window: int = WINDOW,
                            bytes_per_token=bytes_per_token(), stride=window)
 
 
+# ----------------------------------------------------------------------------- round-to-nearest
+#: The RTN variants of lesson 04's SmolLM2 table: (label, fmt, granularity, group_size, symmetric).
+#: Group sizes divide 576 and 1536 (128 does not divide 576).
+RTN_VARIANTS = [
+    ("W8 per-channel", "int8", "per_channel", None, True),
+    ("W8 g64", "int8", "per_group", 64, True),
+    ("W4 per-channel", "int4", "per_channel", None, True),
+    ("W4 g64", "int4", "per_group", 64, True),
+    ("W4 g32", "int4", "per_group", 32, True),
+    ("W4 g64 asym", "int4", "per_group", 64, False),
+    ("W4 g32 asym", "int4", "per_group", 32, False),
+    ("W3 g64", "int3", "per_group", 64, True),
+    ("W3 g32", "int3", "per_group", 32, True),
+    ("W3 g64 asym", "int3", "per_group", 64, False),
+    ("W3 g32 asym", "int3", "per_group", 32, False),
+]
+#: What lesson 04 recomputes live (first window only) and compares with the committed table.
+SLICE_WINDOWS = 1
+SLICE_VARIANTS = ("W4 g32", "W3 g32")
+RESULTS_FILE = Path(__file__).resolve().parent.parent / "results" / "smollm2_rtn.json"
+
+
+def requantize_q4_1(model: LlamaModel) -> tuple[LlamaModel, float]:
+    """A copy of ``model`` with every block Linear re-quantized by Q4_1's own rule (lesson 04),
+    and the largest weight change (0.0 for the reference: its grid is reproduced exactly)."""
+    import copy
+    from course_lib.gguf_model import quantize_q4_1
+    qm = copy.deepcopy(model)
+    worst = 0.0
+    for name, mod in qm.named_modules():
+        if isinstance(mod, torch.nn.Linear) and ".layers." in f".{name}":
+            w = mod.weight.data
+            new = quantize_q4_1(w).dequantize().to(w.dtype)
+            worst = max(worst, float((new - w).abs().max()))
+            mod.weight.data = new
+    return qm, worst
+
+
+def rtn_rows(model: LlamaModel, ref: ceval.Reference, variants=None, progress=None) -> list[dict]:
+    """Lesson 04's SmolLM2 table: Q4_1's own rule, then each RTN variant (every Linear of the
+    blocks; embeddings and the tied head stay as they are), scored against ``ref``."""
+    from course_lib import qmodel
+    variants = RTN_VARIANTS if variants is None else variants
+    wrap = progress or (lambda xs: xs)
+    rows = []
+    qm, worst = requantize_q4_1(model)
+    r = ceval.compare(qm, ref)
+    rows.append({"variant": "Q4_1 (the file's rule)", "bits_per_weight": 5.0,
+                 "max_weight_change": worst, **r})
+    del qm
+    for label, fmt, gran, gs, sym in wrap(variants):
+        qm, rep = qmodel.quantize_model(model, fmt, gran, gs, symmetric=sym)
+        rows.append({"variant": label, "bits_per_weight": rep.bits_per_weight,
+                     **ceval.compare(qm, ref)})
+        del qm
+    return rows
+
+
+def write_rtn_table(n_windows: int = N_WINDOWS, path: Path = RESULTS_FILE) -> dict:
+    """Measure the full table (every variant on the protocol's windows) and write it as JSON:
+    ``python -m course_lib.smollm table`` (several minutes on 2 cores)."""
+    import platform
+    t0 = time.perf_counter()
+    model = load()
+    t_load = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    ref = reference(model, n_windows)
+    t_ref = time.perf_counter() - t1
+    rows = rtn_rows(model, ref)
+    small = reference(model, SLICE_WINDOWS)
+    sliced = rtn_rows(model, small, [v for v in RTN_VARIANTS if v[0] in SLICE_VARIANTS])
+    out = {"model": GGUF_NAME, "package": f"{PACKAGE}=={PACKAGE_VERSION}",
+           "protocol": {"text": "course_lib.data.topics_split()[1]", "n_windows": n_windows,
+                        "window_tokens": WINDOW, "scored_per_window": WINDOW - 1},
+           "machine": {"cpu": platform.processor() or platform.machine(),
+                       "threads": torch.get_num_threads(), "torch": torch.__version__},
+           "seconds": {"load": round(t_load, 2), "reference_forward": round(t_ref, 2),
+                       "total": round(time.perf_counter() - t0, 1)},
+           "reference": {"perplexity": ref.perplexity, "bits_per_byte": ref.bits_per_byte,
+                         "bytes_per_token": ref.bytes_per_token},
+           "rows": rows,
+           "slice": {"n_windows": SLICE_WINDOWS, "reference_perplexity": small.perplexity,
+                     "rows": sliced}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+SPEED_FILE = RESULTS_FILE.parent / "smollm2_speed_cpu.json"
+
+
+def benchmark(repeats: int = 3, tokens: int = 1024, path: Path | None = SPEED_FILE) -> dict:
+    """Median load time and median fp32 forward time for ``tokens`` tokens on this machine
+    (``python -m course_lib.smollm bench``; the issue's targets: < 10 s and < 5 s on 2 cores)."""
+    import platform
+    import statistics
+    convert(verbose=False)
+    load_s, fwd_s = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model = load()
+        load_s.append(time.perf_counter() - t0)
+    ids = eval_ids()[:tokens][None]                                          # (1, tokens)
+    with torch.no_grad():
+        model(ids[:, :64])                                                   # warm-up
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            model(ids)
+            fwd_s.append(time.perf_counter() - t0)
+    out = {"machine": {"cpu": platform.processor() or platform.machine(),
+                       "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+                       "torch": torch.__version__,
+                       "load_average_1min": os.getloadavg()[0]},
+           "repeats": repeats, "tokens": tokens,
+           "load_seconds": {"median": statistics.median(load_s), "all": load_s},
+           "forward_seconds": {"median": statistics.median(fwd_s), "all": fwd_s},
+           "targets": {"load_under_10_s": statistics.median(load_s) < 10,
+                       "forward_1024_under_5_s": statistics.median(fwd_s) < 5}}
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m course_lib.smollm",
-                                description="Convert the packaged SmolLM2 GGUF (once).")
-    p.add_argument("command", choices=["convert", "where"])
+                                description="Convert the packaged SmolLM2 GGUF (once); write "
+                                            "lesson 04's SmolLM2 table to results/.")
+    p.add_argument("command", choices=["convert", "where", "table", "bench"])
     p.add_argument("--force", action="store_true", help="convert again even if converted")
     a = p.parse_args(argv)
     if a.command == "where":
         print(model_dir())
+    elif a.command == "bench":
+        out = benchmark()
+        print(f"load {out['load_seconds']['median']:.2f} s, {out['tokens']}-token forward "
+              f"{out['forward_seconds']['median']:.2f} s (medians of {out['repeats']})")
+    elif a.command == "table":
+        out = write_rtn_table()
+        print(f"reference perplexity {out['reference']['perplexity']:.2f}")
+        for r in out["rows"]:
+            print(f"{r['variant']:>24}  {r['bits_per_weight']:.3f} b/w  ppl {r['perplexity']:7.2f}"
+                  f"  KL {r['kl_nats']:.4f}  top-1 {r['top1_agreement']:.3f}")
     else:
         convert(force=a.force)
 
