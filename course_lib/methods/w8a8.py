@@ -273,15 +273,41 @@ def smollm_setup():
     return model, ref, smollm.calibration_ids(n * T).view(n, T)   # never the evaluation text
 
 
+def add_sweep(model_name: str, alphas) -> int:
+    """Add an alpha sweep to results/w8a8_<model>.json, on the file's own setup; the table's
+    smoothed rows (alpha 0.5 and 0.8) join the sweep without being recomputed."""
+    path = ROOT / "results" / f"w8a8_{model_name}.json"
+    saved = json.loads(path.read_text())
+    (BUNDLED if model_name == "bundled" else SMOLLM).update(saved["setup"])
+    model, ref, calib = bundled_setup() if model_name == "bundled" else smollm_setup()
+    sweep = {}
+    for act in ACT_MODES:
+        rows = alpha_sweep(model, ref, calib, list(alphas), act)
+        for r in saved["rows"]:
+            if r["kind"] == "w8a8" and r["fmt"] == "int8" and r["act"] == act and r["alpha"] is not None:
+                rows.append({"alpha": r["alpha"], "kl_nats": r["kl_nats"],
+                             "top1_agreement": r["top1_agreement"]})
+        sweep[act] = sorted(rows, key=lambda r: r["alpha"])
+        print(act, [f"{r['alpha']}: {r['kl_nats']:.4f}" for r in sweep[act]])
+    saved["alpha_sweep"] = sweep
+    path.write_text(json.dumps(saved, indent=1) + "\n")
+    print("wrote", path)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="W8A8 variants side by side -> results/w8a8_<model>.json")
     p.add_argument("--model", choices=["bundled", "smollm2"], default="bundled")
     p.add_argument("--no-sweep", action="store_true", help="skip the alpha sweep")
     p.add_argument("--windows", type=int, default=None,
                    help="SmolLM2: evaluation windows of 512 tokens (default 2; the protocol's 8)")
+    p.add_argument("--sweep-only", type=float, nargs="+", default=None, metavar="ALPHA",
+                   help="add an alpha sweep at these alphas to the existing results file")
     args = p.parse_args(argv)
     if args.windows is not None:
         SMOLLM["n_windows"] = args.windows
+    if args.sweep_only:
+        return add_sweep(args.model, args.sweep_only)
     torch.manual_seed(0)
     t0 = time.time()
     model, ref, calib = bundled_setup() if args.model == "bundled" else smollm_setup()
