@@ -33,10 +33,12 @@ import triton
 import triton.language as tl
 
 from kernels import INTERPRET
-from kernels._common import check_activations, check_device, choose, on_gpu, pow2_at_least
+from kernels._common import (CompileJob, check_activations, check_device, choose, config_jobs,
+                             on_gpu, pow2_at_least)
 
 QMAX = 127
 INT8_MIN_CC = (8, 0)            # Triton's int8 tl.dot: Ampere and later
+INT8_MIN_CC_X10 = 80
 
 
 # ---------------------------------------------------------------------------- kernels
@@ -119,8 +121,8 @@ _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, nu
                                           (32, 64, 128, 4, 4), (64, 64, 128, 4, 4),
                                           (64, 128, 128, 4, 4), (128, 128, 128, 8, 3),
                                           (128, 256, 128, 8, 3), (128, 128, 64, 4, 4)]]
-_GEMM_DEFAULT = triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128}, num_warps=8,
-                              num_stages=3)
+# the config a GPU runs with autotuning off: 64 KB of shared memory fits every architecture
+_GEMM_DEFAULT = _GEMM_CONFIGS[-1]                       # 128 x 128 x 64, 4 warps, 4 stages
 _gemm = int8_gemm_kernel if INTERPRET else triton.autotune(
     _GEMM_CONFIGS, key=["M", "N", "K"])(int8_gemm_kernel)
 
@@ -282,26 +284,38 @@ def benchmark(shapes=((4096, 4096), (8192, 8192)), batches=(1, 16, 256, 4096),
                                  lambda x, wq: w8a8_int8_linear(x, *wq), shapes, batches, dtype)
 
 
-def bench_backend():
-    """Keyword arguments of a ``kernels.bench.Backend`` row for this kernel (to register it)."""
-    return dict(name="int8 w8a8", prepare=quantize_weight,
-                apply=lambda x, st: w8a8_int8_linear(x, *st), act_dtype=torch.bfloat16,
-                weight_bits=8, group_size="per_channel")
+def bench_backends(act_dtype=torch.bfloat16, with_fp8: bool = False):
+    """This file's entry in the GPU benchmark (``kernels.bench.GPU_KERNEL_MODULES``): only
+    where the INT8 kernel runs (compute capability 8.0+, or the interpreter)."""
+    from kernels.bench import Backend
 
+    if not int8_supported()[0]:
+        return []
+    return [Backend("int8 w8a8", quantize_weight, lambda x, st: w8a8_int8_linear(x, *st),
+                    act_dtype, 8, "per_channel")]
+
+
+# ---------------------------------------------------------------------------- compile check
 
 def compile_jobs(arch: int, all_configs: bool = False):
-    """``kernels.compile_check`` jobs for this file: (name, kernel, signature, constexprs,
-    num_warps, num_stages, must_compile). Both kernels must compile on sm_80 and later."""
-    I = "i32"  # noqa: E741
-    pick = (lambda cfgs: cfgs) if all_configs else (lambda cfgs: cfgs[-1:])
-    for act in (["*bf16", "*fp16", "*fp32"] if all_configs else ["*bf16"]):
-        yield ("quantize_rows_int8", quantize_rows_int8_kernel,
-               dict(x_ptr=act, xq_ptr="*i8", xs_ptr="*fp32", K=I, stride_xm=I, stride_qm=I),
-               dict(BLOCK_K=1024), 4, 3, arch >= 80)
+    """What ``kernels.compile_check`` compiles for this file (``KERNEL_MODULES``): the
+    quantization kernel everywhere, the GEMM (both output modes) from sm_80, where Triton's
+    int8 ``tl.dot`` maps to integer tensor-core instructions (``mma ... s8``)."""
+    acts = ["*bf16", "*fp16", "*fp32"] if all_configs else ["*fp16" if arch < 80 else "*bf16"]
+    jobs = []
+    for act in acts:
+        jobs.append(CompileJob(
+            "quantize_rows_int8", quantize_rows_int8_kernel,
+            dict(x_ptr=act, xq_ptr="*i8", xs_ptr="*fp32", K="i32", stride_xm="i32",
+                 stride_qm="i32"),
+            dict(BLOCK_K=1024), 4, 3, min_cc=0, default=True))
         for raw in (False, True):
-            for cfg in pick(_GEMM_CONFIGS):
-                yield ("int8_gemm" + (" raw" if raw else ""), int8_gemm_kernel,
-                       dict(a_ptr="*i8", as_ptr="*fp32", b_ptr="*i8", bs_ptr="*fp32",
-                            y_ptr="*i32" if raw else act, M=I, N=I, K=I, stride_am=I,
-                            stride_bn=I, stride_ym=I),
-                       dict(RAW_ACC=raw, **cfg.kwargs), cfg.num_warps, cfg.num_stages, arch >= 80)
+            jobs += config_jobs(
+                "int8_gemm raw" if raw else "int8_gemm", int8_gemm_kernel,
+                dict(a_ptr="*i8", as_ptr="*fp32", b_ptr="*i8", bs_ptr="*fp32",
+                     y_ptr="*i32" if raw else act, M="i32", N="i32", K="i32", stride_am="i32",
+                     stride_bn="i32", stride_ym="i32"),
+                dict(RAW_ACC=raw), _GEMM_CONFIGS, _GEMM_DEFAULT, all_configs, min_cc=INT8_MIN_CC_X10,
+                rows=lambda c: c["BLOCK_M"],
+                weight_bytes_per_step=lambda c: c["BLOCK_N"] * c["BLOCK_K"])
+    return jobs
