@@ -22,7 +22,7 @@ Pseudo-code::
     # kernel 2: one program per (BLOCK_M, BLOCK_N) tile of y
     acc = 0 (int32)
     for k0 in range(0, K, BLOCK_K):
-        acc += dot(xq[m-tile, k0:], wq[n-tile, k0:].T)   # int8 x int8 -> int32
+        acc = dot(xq[m-tile, k0:], wq[n-tile, k0:].T, acc)   # int8 x int8 -> int32
     y = acc  if RAW_ACC  else  float(acc) * xs[:, None] * ws[None, :]
 """
 from __future__ import annotations
@@ -103,7 +103,7 @@ def int8_gemm_kernel(
                     mask=m_mask[:, None] & k_mask[None, :], other=0)   # (BLOCK_M, BLOCK_K) int8
         b = tl.load(b_ptr + offs_n[:, None] * stride_bn + offs_k[None, :],
                     mask=n_mask[:, None] & k_mask[None, :], other=0)   # (BLOCK_N, BLOCK_K) int8
-        acc += tl.dot(a, tl.trans(b), out_dtype=tl.int32)   # int8 x int8 -> int32, exact
+        acc = tl.dot(a, tl.trans(b), acc, out_dtype=tl.int32)   # int8 x int8 -> int32, exact
     out_mask = m_mask[:, None] & n_mask[None, :]
     y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     if RAW_ACC:
