@@ -87,6 +87,7 @@ GPU_KERNEL_MODULES = [
     "kernels.w8a16",
     "kernels.w4a16",
     "kernels.fp8_w8a8",
+    "kernels.w8a8_int8",
 ]
 
 

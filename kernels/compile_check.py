@@ -47,6 +47,7 @@ KERNEL_MODULES = [
     "kernels.w8a16",
     "kernels.w4a16",
     "kernels.fp8_w8a8",
+    "kernels.w8a8_int8",
     "kernels.decode_attention",
 ]
 

@@ -145,7 +145,7 @@ def test_run_gpu_backends_through_the_interpreter():
     with_fp8 = fp8_supported()[0]                                 # the interpreter counts as yes
     result = _tiny_run(kbench.gpu_backends(with_fp8=with_fp8))
     names = set(result["layers"][0]["results"])
-    assert names == {"bf16", "w8a16", "w4a16 g128"} | ({"fp8 w8a8"} if with_fp8 else set())
+    assert names == {"bf16", "w8a16", "w4a16 g128", "int8 w8a8"} | ({"fp8 w8a8"} if with_fp8 else set())
     for r in result["layers"]:
         for v in r["results"].values():
             assert v["ms"] > 0 and math.isfinite(v["gbps"])
@@ -314,7 +314,8 @@ def test_fp16_baseline_below_compute_capability_8():
     names = [b.name for b in kbench.gpu_backends(False, torch.float16)]
     assert names[0] == "fp16" and all(b.act_dtype == torch.float16
                                       for b in kbench.gpu_backends(False, torch.float16))
-    assert [b.name for b in kbench.gpu_backends(True)] == ["bf16", "w8a16", "w4a16 g128", "fp8 w8a8"]
+    assert [b.name for b in kbench.gpu_backends(True)] == ["bf16", "w8a16", "w4a16 g128", "fp8 w8a8",
+                                                           "int8 w8a8"]
 
 
 def test_gpu_backend_registry_is_one_line_per_kernel_file():

@@ -1,0 +1,205 @@
+"""Exercises of lesson 05, "LLM.int8()" (solutions/05_llm_int8.ipynb).
+
+References are ``course_lib.methods.llm_int8``'s own functions (one source per algorithm).
+"""
+from __future__ import annotations
+
+import torch
+
+from course_lib.checks import Case, Exercise, register
+from course_lib.methods import llm_int8
+
+
+def _x(M, K, seed, scale=1.0):
+    return scale * torch.randn(M, K, generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------- 05.quantize_rows
+
+def _rows_cases():
+    ties = torch.tensor([[1.27, -0.635, 0.005, 0.015], [2.54, 0.03, -0.01, 0.0]])
+    planted = _x(6, 32, 3)
+    planted[:, 5] = 60.0                                   # a planted outlier feature
+    return [
+        Case((ties,), label="by hand: scales 0.01 and 0.02, ties round to even"),
+        Case((_x(8, 64, 0),), label="random activations (8 tokens, 64 features)"),
+        Case((torch.zeros(2, 5),), label="all-zero rows: scale 1, codes 0"),
+        Case((_x(3, 16, 1) * 1e-4,), label="tiny values: the scale shrinks with them"),
+        Case((planted,), label="a planted outlier column sets every row's scale"),
+        Case((_x(4, 1, 2),), label="one feature per row: every code is +-127"),
+    ]
+
+
+def _wrong_rows_128(x):                                  # divided by 128, not 127
+    s = x.abs().amax(1) / 128
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    return torch.round(x / s[:, None]).clamp(-127, 127).to(torch.int8), s
+
+
+def _wrong_rows_columns(x):                              # one scale per column, not per row
+    s = x.abs().amax(0) / 127
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    return torch.round(x / s[None, :]).clamp(-127, 127).to(torch.int8), s
+
+
+def _wrong_rows_truncate(x):                             # truncated instead of rounded
+    s = x.abs().amax(1) / 127
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    return (x / s[:, None]).trunc().clamp(-127, 127).to(torch.int8), s
+
+
+def _wrong_rows_zero_scale(x):                           # an all-zero row gets scale 0
+    s = x.abs().amax(1) / 127
+    q = torch.round(x / s.clamp_min(1e-30)[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, s
+
+
+register(Exercise(
+    id="05.quantize_rows",
+    title="INT8 with one absmax scale per row (per token / per output channel)",
+    reference=llm_int8.quantize_rows,
+    cases=_rows_cases,
+    hint=["Each row gets its own scale, chosen so that the row's largest |value| lands exactly "
+          "on the largest INT8 code. What happens to a row that is all zeros?",
+          "scale = x.abs().amax(dim=1) / 127, replaced by 1.0 where it is 0; "
+          "q = round(x / scale[:, None]) clamped to [-127, 127], as int8.",
+          "torch.round rounds halves to even, as the reference does. Return (q, scale) with "
+          "q int8 (rows, K) and scale float32 (rows,)."],
+    wrong=[_wrong_rows_128, _wrong_rows_columns, _wrong_rows_truncate, _wrong_rows_zero_scale],
+    rtol=1e-6, atol=0,
+))
+
+
+# ---------------------------------------------------------------- 05.outlier_columns
+
+def _cols_cases():
+    x = _x(10, 20, 4)
+    x[3, 7] = 9.0
+    x[8, 2] = -12.0                                        # negative outliers count too
+    x[5, 15] = 6.0                                         # exactly the threshold: counts
+    x[:, 11] = 5.999                                       # just below: does not
+    row_outlier = _x(6, 8, 5)
+    row_outlier[2, :] = 7.0                                # one token crossing in every column
+    return [
+        Case((x, 6.0), label="planted outliers, one negative, one exactly 6.0"),
+        Case((x, 10.0), label="a higher threshold keeps only |-12|"),
+        Case((_x(16, 32, 6), 6.0), label="nothing crosses: an empty index tensor"),
+        Case((row_outlier, 6.0), label="one token crossing everywhere: every column"),
+        Case((x, 0.0), label="threshold 0: raise ValueError", raises=ValueError),
+        Case((x, -6.0), label="a negative threshold: raise ValueError", raises=ValueError),
+    ]
+
+
+def _wrong_cols_strict(x, threshold=6.0):                # > instead of >=
+    if threshold <= 0:
+        raise ValueError("threshold must be positive")
+    return torch.nonzero((x.abs() > threshold).any(0)).flatten()
+
+
+def _wrong_cols_rows(x, threshold=6.0):                  # rows (tokens), not columns
+    if threshold <= 0:
+        raise ValueError("threshold must be positive")
+    return torch.nonzero((x.abs() >= threshold).any(1)).flatten()
+
+
+def _wrong_cols_no_abs(x, threshold=6.0):                # forgot the negative side
+    if threshold <= 0:
+        raise ValueError("threshold must be positive")
+    return torch.nonzero((x >= threshold).any(0)).flatten()
+
+
+def _wrong_cols_mask(x, threshold=6.0):                  # a boolean mask, not indices
+    if threshold <= 0:
+        raise ValueError("threshold must be positive")
+    return (x.abs() >= threshold).any(0)
+
+
+register(Exercise(
+    id="05.outlier_columns",
+    title="the columns that go through the 16-bit matmul",
+    reference=llm_int8.outlier_columns,
+    cases=_cols_cases,
+    hint=["A feature column is an outlier column if *any* token has a magnitude at or above "
+          "the threshold there. Which dimension of x (tokens, features) do you reduce over?",
+          "(x.abs() >= threshold).any(dim=0) is a (features,) mask; turn it into ascending "
+          "int64 indices with torch.nonzero(mask).flatten(). Raise ValueError for "
+          "threshold <= 0."],
+    wrong=[_wrong_cols_strict, _wrong_cols_rows, _wrong_cols_no_abs, _wrong_cols_mask],
+))
+
+
+# ---------------------------------------------------------------- 05.mixed_int8_matmul
+
+def _mixed_case(M, N, K, seed, outlier_cols=(), label="", threshold=6.0):
+    x = _x(M, K, seed)
+    for j, c in enumerate(outlier_cols):
+        x[j % M::2, c] = 20.0 + 10 * j                     # planted outlier features
+    w = _x(N, K, seed + 100) / K ** 0.5
+    w_q, w_scale = llm_int8.quantize_rows(w)
+    return Case((x, w_q, w_scale, threshold), label=label)
+
+
+def _mixed_cases():
+    all_out = _x(3, 6, 9, 10.0)
+    all_out = all_out.sign() * (all_out.abs() + 7)
+    w_q, ws = llm_int8.quantize_rows(_x(4, 6, 10))
+    refused = _mixed_case(4, 6, 16, 4)
+    return [
+        _mixed_case(8, 12, 32, 0, (), "no outliers: plain vector-wise INT8"),
+        _mixed_case(8, 12, 32, 1, (3,), "one planted outlier feature"),
+        _mixed_case(9, 7, 40, 2, (0, 17, 39), "three planted outlier features, at the edges too"),
+        _mixed_case(5, 6, 24, 3, (4,), "a lower threshold sends more columns to 16-bit",
+                    threshold=1.5),
+        Case((all_out, w_q, ws, 6.0), label="every column crosses: all 16-bit"),
+        Case(refused.args[:3] + (0.0,), label="threshold 0: raise ValueError", raises=ValueError),
+    ]
+
+
+def _reference_mixed(x, w_q, w_scale, threshold=6.0):
+    return llm_int8.mixed_int8_matmul(x, w_q, w_scale, threshold)
+
+
+def _wrong_mixed_scale_all(x, w_q, w_scale, threshold=6.0):   # x's scale over every column
+    cols = llm_int8.outlier_columns(x, threshold)
+    keep = torch.ones(x.shape[1], dtype=torch.bool)
+    keep[cols] = False
+    s = x.abs().amax(1) / 127
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    xq = torch.round(x[:, keep] / s[:, None]).clamp(-127, 127)
+    y = (xq @ w_q[:, keep].float().T) * s[:, None] * w_scale[None, :]
+    return y + x[:, cols] @ (w_q[:, cols].float() * w_scale[:, None]).T
+
+
+def _wrong_mixed_dropped(x, w_q, w_scale, threshold=6.0):     # forgot the 16-bit part
+    return llm_int8.mixed_int8_matmul(x, w_q, w_scale, threshold, outliers="zero")
+
+
+def _wrong_mixed_twice(x, w_q, w_scale, threshold=6.0):       # outliers in both paths
+    cols = llm_int8.outlier_columns(x, threshold)
+    y = llm_int8.mixed_int8_matmul(x, w_q, w_scale, threshold, outliers="int8")
+    return y + x[:, cols] @ (w_q[:, cols].float() * w_scale[:, None]).T
+
+
+def _wrong_mixed_raw_weight(x, w_q, w_scale, threshold=6.0):  # 16-bit part without w's scale
+    cols = llm_int8.outlier_columns(x, threshold)
+    y = llm_int8.mixed_int8_matmul(x, w_q, w_scale, threshold, outliers="zero")
+    return y + x[:, cols] @ w_q[:, cols].float().T
+
+
+register(Exercise(
+    id="05.mixed_int8_matmul",
+    title="LLM.int8()'s mixed-precision decomposition",
+    reference=_reference_mixed,
+    cases=_mixed_cases,
+    hint=["Split the input features in two sets: the outlier columns (16-bit side) and the "
+          "rest (INT8 side). Each output is the sum of both partial products. Which columns "
+          "should the per-token INT8 scales be computed over?",
+          "cols = outlier_columns(x, threshold); keep = the other columns. INT8 side: "
+          "quantize_rows(x[:, keep]) -> (xq, xs); acc = xq @ w_q[:, keep].T in integers; "
+          "scale by xs[:, None] * w_scale[None, :].",
+          "16-bit side: x[:, cols] @ (w_q[:, cols].float() * w_scale[:, None]).T. Add the two; "
+          "return float32 (M, N). If every column crosses, the INT8 side is all zeros."],
+    wrong=[_wrong_mixed_scale_all, _wrong_mixed_dropped, _wrong_mixed_twice,
+           _wrong_mixed_raw_weight],
+    rtol=1e-4, atol=1e-5,
+))

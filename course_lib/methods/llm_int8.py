@@ -1,0 +1,365 @@
+"""LLM.int8(): vector-wise INT8 matmul with a mixed-precision decomposition (lesson 05).
+
+Paper: T. Dettmers, M. Lewis, Y. Belkada, L. Zettlemoyer, "LLM.int8(): 8-bit Matrix
+Multiplication for Transformers at Scale", NeurIPS 2022.
+
+The pieces, in the order lesson 05 teaches them:
+
+- :func:`quantize_rows`: one absmax scale per row (a token of x, an output channel of W);
+- :func:`int8_matmul_int32` and :func:`vectorwise_int8_matmul`: int8 x int8 products summed in
+  int32, then each output y[m, n] scaled once by xs[m] * ws[n] ("vector-wise" quantization);
+- :func:`outlier_columns` and :func:`mixed_int8_matmul`: the input feature columns of x in
+  which any |x| reaches the threshold (6.0 in the paper) go through a 16-bit matmul, all the
+  others through INT8;
+- :class:`Int8Linear` and :func:`quantize_model_int8`: that layer swapped into a model;
+- :func:`threshold_report`, :func:`systematic_features`, :class:`ZeroFeaturesLinear`: which
+  columns cross the threshold, and the paper's ablation (zero those features);
+- :func:`decomposition_cost`: what the 16-bit side path costs in bytes and FLOPs.
+
+Weights are stored as int8 codes with one scale per output channel (over the whole row). The
+16-bit path multiplies the outlier columns of x, unquantized, by the matching columns of the
+weight *dequantized* from those codes, as bitsandbytes does when weights are stored in 8 bits.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from course_lib import quant
+
+DEFAULT_THRESHOLD = 6.0
+QMAX = 127
+OUTLIER_MODES = ("fp16", "int8", "zero")
+
+
+# ---------------------------------------------------------------------------- vector-wise INT8
+
+def _check_matrix(x, what: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point():
+        raise ValueError(f"{what} must be a 2-D floating-point tensor; got "
+                         f"{type(x).__name__} {tuple(getattr(x, 'shape', ()))} "
+                         f"{getattr(x, 'dtype', '')}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{what} holds NaN or inf: an absmax scale would be meaningless; fix "
+                         f"the values (torch.nan_to_num) before quantizing")
+    return x
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric INT8 with one absmax scale per row (lesson 05): (q int8 (R, K), scale (R,)).
+
+    scale[r] = max_k |x[r, k]| / 127 (1 for an all-zero row); q = round(x / scale) (half to
+    even), clamped to [-127, 127]. Rows are tokens of an activation or output channels of a
+    weight. The same numbers as ``course_lib.quant.quantize(x, "int8", "per_token")``.
+    """
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point():
+        raise ValueError(f"x must be a 2-D floating-point tensor (rows, K); got "
+                         f"{type(x).__name__} {tuple(getattr(x, 'shape', ()))} "
+                         f"{getattr(x, 'dtype', '')}")
+    qt = quant.quantize(x.float(), "int8", "per_token")    # refuses NaN / inf itself
+    return qt.q, qt.scale.reshape(-1).float()                         # (R, K) int8, (R,) fp32
+
+
+def int8_matmul_int32(xq: torch.Tensor, wq: torch.Tensor) -> torch.Tensor:
+    """acc[m, n] = sum_k xq[m, k] * wq[n, k] in int32, exactly (lesson 05).
+
+    xq (M, K) int8, wq (N, K) int8 (the ``nn.Linear`` layout). Each product is at most
+    127 * 127 = 16129, so int32 holds the sum for K up to 133,000 features. CPU torch has no
+    fast int8 matmul, so the sum runs in floating point that holds every partial sum exactly:
+    fp32 (integers up to 2**24) while K * 16129 < 2**24, i.e. K <= 1040, float64 beyond.
+    The result is the exact int32 accumulator a GPU's INT8 tensor cores give.
+    """
+    if xq.dtype != torch.int8 or wq.dtype != torch.int8:
+        raise TypeError(f"both operands must be int8 codes; got {xq.dtype} and {wq.dtype}")
+    if xq.dim() != 2 or wq.dim() != 2 or xq.shape[1] != wq.shape[1]:
+        raise ValueError(f"expected xq (M, K) and wq (N, K) with the same K; got "
+                         f"{tuple(xq.shape)} and {tuple(wq.shape)}")
+    if xq.shape[1] > 133_000:
+        raise ValueError(f"K = {xq.shape[1]} could overflow an int32 accumulator (K <= 133,000)")
+    exact = torch.float32 if xq.shape[1] * QMAX * QMAX < 2 ** 24 else torch.float64
+    return (xq.to(exact) @ wq.to(exact).T).to(torch.int32)              # (M, N) exact
+
+
+def vectorwise_int8_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """y ~ x @ w.T with both operands in INT8: per-token x per-output-channel scales (lesson 05).
+
+    x (M, K), w (N, K) float. Returns (M, N) fp32: acc (int32) * xs[:, None] * ws[None, :].
+    """
+    _check_matrix(x, "x"), _check_matrix(w, "w")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"x has {x.shape[1]} features but w expects {w.shape[1]}")
+    xq, xs = quantize_rows(x)                                           # (M, K), (M,)
+    wq, ws = quantize_rows(w)                                           # (N, K), (N,)
+    acc = int8_matmul_int32(xq, wq)                                     # (M, N) int32
+    return acc.float() * xs[:, None] * ws[None, :]                      # (M, N)
+
+
+# ---------------------------------------------------------------------------- decomposition
+
+def _check_threshold(threshold) -> float:
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) \
+            or not math.isfinite(threshold) or threshold <= 0:
+        raise ValueError(f"threshold must be a positive magnitude such as 6.0 (the paper's); got "
+                         f"{threshold!r}. For no decomposition use outliers='int8'")
+    return float(threshold)
+
+
+def outlier_columns(x: torch.Tensor, threshold: float = DEFAULT_THRESHOLD) -> torch.Tensor:
+    """Indices (ascending, int64) of the columns of x (tokens, features) in which any
+    |x| >= threshold (lesson 05). These feature columns go through the 16-bit matmul."""
+    threshold = _check_threshold(threshold)
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x must be a 2-D (tokens, features) tensor; got "
+                         f"{tuple(getattr(x, 'shape', ()))}")
+    return torch.nonzero((x.abs() >= threshold).any(dim=0)).flatten()  # (n_outliers,)
+
+
+def mixed_int8_matmul(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                      threshold: float = DEFAULT_THRESHOLD, outliers: str = "fp16"
+                      ) -> torch.Tensor:
+    """LLM.int8()'s matmul (lesson 05): y = x_O @ W_O.T (16-bit) + INT8 rest, (M, N) fp32.
+
+    x (M, K) float; w_q (N, K) int8 codes; w_scale (N,) per-output-channel scales.
+    O = :func:`outlier_columns` of x. ``outliers``: "fp16" keeps those columns in 16-bit
+    (the decomposition), "int8" quantizes every column (no decomposition; the threshold is
+    ignored), "zero" drops the outlier columns altogether (the paper's ablation).
+    Per-token scales of x are taken over the columns that go through INT8 only: without the
+    outliers they are small, so the rest of the row keeps its resolution.
+    """
+    if outliers not in OUTLIER_MODES:
+        raise ValueError(f"outliers must be one of {OUTLIER_MODES}; got {outliers!r}")
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point():
+        raise ValueError(f"x must be a 2-D floating-point (tokens, features) tensor; got "
+                         f"{tuple(getattr(x, 'shape', ()))} {getattr(x, 'dtype', '')}")
+    if w_q.dtype != torch.int8 or w_q.dim() != 2 or w_q.shape[1] != x.shape[1]:
+        raise ValueError(f"w_q must be int8 codes (N, {x.shape[1]}); got {w_q.dtype} "
+                         f"{tuple(w_q.shape)} (make them with quantize_rows(w))")
+    ws = w_scale.reshape(-1).float()                                    # (N,)
+    if ws.numel() != w_q.shape[0]:
+        raise ValueError(f"w_scale must hold one scale per output channel ({w_q.shape[0]}); got "
+                         f"{w_scale.numel()}")
+    K = x.shape[1]
+    if outliers == "int8":
+        cols = torch.zeros(0, dtype=torch.long)
+    else:
+        cols = outlier_columns(x, threshold)                            # (n,)
+    keep = torch.ones(K, dtype=torch.bool)
+    keep[cols] = False                                                  # (K,) regular columns
+    y = torch.zeros(x.shape[0], w_q.shape[0])                           # (M, N)
+    if bool(keep.any()):                                                # (every column may cross)
+        xq, xs = quantize_rows(x[:, keep].float())                      # (M, K-n), (M,)
+        acc = int8_matmul_int32(xq, w_q[:, keep])                       # (M, N) int32
+        y = acc.float() * xs[:, None] * ws[None, :]                     # (M, N)
+    if outliers == "fp16" and len(cols):
+        w_out = w_q[:, cols].float() * ws[:, None]                      # (N, n) dequantized
+        y = y + x[:, cols].float() @ w_out.T                            # (M, N) 16-bit side path
+    return y
+
+
+class Int8Linear(nn.Module):
+    """An ``nn.Linear`` computed the LLM.int8() way (lesson 05).
+
+    Buffers: ``w_q`` int8 (out, in) and ``w_scale`` fp32 (out,). Each call quantizes the
+    input per token on the fly and sends the columns crossing ``threshold`` through a 16-bit
+    matmul (``outliers="fp16"``), or not (``"int8"``), or drops them (``"zero"``).
+    """
+
+    def __init__(self, linear: nn.Linear, threshold: float = DEFAULT_THRESHOLD,
+                 outliers: str = "fp16"):
+        super().__init__()
+        if outliers not in OUTLIER_MODES:
+            raise ValueError(f"outliers must be one of {OUTLIER_MODES}; got {outliers!r}")
+        self.threshold = _check_threshold(threshold)
+        self.outliers = outliers
+        self.out_features, self.in_features = linear.weight.shape
+        w_q, w_scale = quantize_rows(linear.weight.detach().float())     # (out, in), (out,)
+        self.register_buffer("w_q", w_q)
+        self.register_buffer("w_scale", w_scale)
+        self.bias = linear.bias
+
+    def forward(self, x):                                               # (..., in) -> (..., out)
+        y = mixed_int8_matmul(x.reshape(-1, self.in_features), self.w_q, self.w_scale,
+                              self.threshold, self.outliers)
+        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self):
+        return (f"{self.in_features}, {self.out_features}, threshold={self.threshold:g}, "
+                f"outliers={self.outliers}")
+
+
+def quantize_model_int8(model: nn.Module, threshold: float = DEFAULT_THRESHOLD,
+                        outliers: str = "fp16", skip=("lm_head", "embed_tokens"), only=None):
+    """A copy of ``model`` with every Linear (but ``skip``) replaced by :class:`Int8Linear`."""
+    from course_lib.methods import swap_linears
+
+    _check_threshold(threshold)
+    qm, _ = swap_linears(model, lambda name, lin: Int8Linear(lin, threshold, outliers),
+                         skip=skip, only=only)
+    return qm
+
+
+# ---------------------------------------------------------------------------- analysis
+
+def threshold_report(acts: dict, threshold: float = DEFAULT_THRESHOLD) -> list[dict]:
+    """Per Linear input (tokens, features): how many columns cross the threshold, on what
+    fraction of the tokens, and which columns do most often (lesson 05)."""
+    threshold = _check_threshold(threshold)
+    rows = []
+    for name, x in acts.items():                                         # x: (T, K)
+        hit = x.abs() >= threshold                                       # (T, K)
+        per_col = hit.float().mean(0)                                    # (K,) token fraction
+        cols = torch.nonzero(per_col > 0).flatten()
+        top = cols[per_col[cols].argsort(descending=True)][:5]
+        rows.append({"layer": name, "features": x.shape[1], "n_columns": int(cols.numel()),
+                     "column_fraction": cols.numel() / x.shape[1],
+                     "token_fraction": float(hit.any(1).float().mean()),
+                     "max_abs": float(x.abs().max()), "top_columns": top.tolist()})
+    return rows
+
+
+def systematic_features(acts: dict, threshold: float = DEFAULT_THRESHOLD,
+                        min_layer_fraction: float = 0.25, min_token_fraction: float = 0.06
+                        ) -> dict[int, dict]:
+    """The paper's outlier features: a hidden dimension whose magnitude reaches ``threshold``
+    in at least ``min_layer_fraction`` of the layers and, there, on at least
+    ``min_token_fraction`` of the tokens (6.0, 25% and 6% in the paper) (lesson 05).
+
+    ``acts``: inputs of Linears that all read the same hidden dimensions (for example every
+    block's q_proj and gate_proj: the normalized residual stream). Returns {dim: {"layers":
+    fraction of layers, "tokens": mean token fraction where it crosses}}.
+    """
+    threshold = _check_threshold(threshold)
+    widths = {x.shape[1] for x in acts.values()}
+    if len(widths) != 1:
+        raise ValueError(f"the inputs have different widths {sorted(widths)}: pass Linears "
+                         f"that read the same hidden dimensions (e.g. q_proj and gate_proj)")
+    frac = torch.stack([(x.abs() >= threshold).float().mean(0) for x in acts.values()])  # (L, K)
+    big = frac >= min_token_fraction                                      # (L, K)
+    layer_share = big.float().mean(0)                                     # (K,)
+    dims = torch.nonzero(layer_share >= min_layer_fraction).flatten().tolist()
+    return {d: {"layers": float(layer_share[d]),
+                "tokens": float(frac[big[:, d], d].mean())} for d in dims}
+
+
+class ZeroFeaturesLinear(nn.Module):
+    """A float Linear whose input feature columns ``columns`` are set to zero (lesson 05):
+    the paper's ablation, which removes the outlier features instead of keeping them."""
+
+    def __init__(self, linear: nn.Linear, columns):
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+        mask = torch.ones(linear.in_features, dtype=linear.weight.dtype)
+        mask[torch.as_tensor(columns, dtype=torch.long)] = 0
+        self.register_buffer("mask", mask)                               # (in,)
+
+    def forward(self, x):                                                # (..., in) -> (..., out)
+        return F.linear(x * self.mask, self.weight, self.bias)
+
+
+def zero_features(model: nn.Module, columns: dict) -> nn.Module:
+    """A copy of ``model`` where each Linear named in ``columns`` ({name: indices}) sees zeros
+    in those input columns (lesson 05)."""
+    from course_lib.methods import swap_linears
+
+    if not columns:
+        raise ValueError("columns is empty: pass {layer name: column indices}")
+    qm, done = swap_linears(model, lambda n, lin: ZeroFeaturesLinear(lin, columns[n]),
+                            skip=(), only=list(columns))
+    extra = [n for n in done if n not in columns]
+    if extra:   # a name fragment matched more layers than asked for
+        raise ValueError(f"layer names {extra} matched a fragment but are not keys of columns")
+    return qm
+
+
+def decomposition_cost(M: int, N: int, K: int, n_outliers: int, act_bytes: int = 2) -> dict:
+    """What the 16-bit side path adds to one W8A8 layer y = x W^T (lesson 05).
+
+    A plain INT8 layer reads the int8 weight (N*K bytes) and the int8 activations (M*K),
+    and writes the output (M*N*act_bytes). The decomposition adds: gathering the outlier
+    columns of x (M*n read and written in 16-bit), a 16-bit copy of the matching weight
+    columns (n*N), and a second partial output in fp32 written and read back to be added
+    (2 * 4*M*N); plus 2*M*N*n FLOPs at the 16-bit rate (half the INT8 rate on A100/H100).
+    """
+    for v, what in ((M, "M"), (N, "N"), (K, "K")):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{what} must be a positive integer; got {v!r}")
+    if not 0 <= n_outliers <= K:
+        raise ValueError(f"n_outliers must lie in 0..K={K}; got {n_outliers}")
+    n = n_outliers
+    base_bytes = N * K + M * K + M * N * act_bytes
+    extra_bytes = 0 if n == 0 else 2 * M * n * act_bytes + n * N * act_bytes + 2 * 4 * M * N
+    int8_flops, f16_flops = 2 * M * N * (K - n), 2 * M * N * n
+    return {"base_bytes": base_bytes, "extra_bytes": extra_bytes,
+            "bytes_ratio": (base_bytes + extra_bytes) / base_bytes,
+            "int8_flops": int8_flops, "fp16_flops": f16_flops,
+            # matmul time relative to all-INT8: a 16-bit FLOP costs two INT8 ones on A100/H100
+            "compute_ratio": (int8_flops + 2 * f16_flops) / (2 * M * N * K)}
+
+
+# ---------------------------------------------------------------------------- the command
+
+def outlier_facts(model, calib_ids: torch.Tensor, ref=None, threshold: float = DEFAULT_THRESHOLD
+                  ) -> dict:
+    """What lesson 05 reads off a model: which input columns cross the threshold, per layer;
+    the systematic features; and (with ``ref``) zeroing them versus zeroing as many random
+    columns, against the reference. Used by ``python -m course_lib.methods.llm_int8``."""
+    from course_lib import activations
+    from course_lib import eval as ceval
+
+    acts = activations.capture_linear_inputs(model, calib_ids, batch_size=4)
+    acts = {n: x for n, x in acts.items() if not n.endswith(("k_proj", "v_proj", "up_proj"))}
+    report = threshold_report(acts, threshold)
+    normed = {n: x for n, x in acts.items() if n.endswith(("q_proj", "gate_proj"))}
+    top = {n: x.abs().amax(0).topk(3).indices.tolist() for n, x in normed.items()}
+    down = {n: {"max": float(x.abs().max()), "median_channel_max": float(x.abs().amax(0).median()),
+                "channels_over_threshold": int(((x.abs() >= threshold).any(0)).sum())}
+            for n, x in acts.items() if n.endswith("down_proj")}
+    feats = systematic_features(normed, threshold)
+    out = {"threshold": threshold, "report": report, "top3_channels_post_norm": top,
+           "down_proj": down, "systematic_features": {str(k): v for k, v in feats.items()}}
+    # what to zero: the systematic features, or (when the model has none by the paper's
+    # criterion) the three channels most often among the top 3 of the normalized inputs
+    if feats:
+        zeroed, kind = list(feats), "systematic features"
+    else:
+        from collections import Counter
+        counts = Counter(c for cols in top.values() for c in cols)
+        zeroed, kind = [c for c, _ in counts.most_common(3)], "three most persistent channels"
+    out["zeroed"], out["zeroed_kind"] = zeroed, kind
+    if ref is not None:
+        names = [n for n in (n for n, _ in model.named_modules())
+                 if n.endswith(("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))]
+        width = next(iter(normed.values())).shape[1]
+        g = torch.Generator().manual_seed(0)
+        others = [int(c) for c in torch.randperm(width, generator=g) if int(c) not in zeroed]
+        rnd = others[:len(zeroed)]
+        out["zero_systematic"] = ceval.compare(zero_features(model, {n: zeroed for n in names}), ref)
+        out["zero_random"] = ceval.compare(zero_features(model, {n: rnd for n in names}), ref)
+        out["random_columns"] = rnd
+    return out
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    from pathlib import Path
+
+    p = argparse.ArgumentParser(description="LLM.int8() outlier facts -> results/llm_int8_<model>.json")
+    p.add_argument("--model", choices=["bundled", "smollm2"], default="bundled")
+    args = p.parse_args(argv)
+    from course_lib.methods import w8a8
+    model, ref, calib = w8a8.bundled_setup() if args.model == "bundled" else w8a8.smollm_setup()
+    out = outlier_facts(model, calib, ref)
+    out["model"] = args.model
+    path = Path(__file__).resolve().parents[2] / "results" / f"llm_int8_{args.model}.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,332 @@
+"""W8A8: weights *and* activations in 8 bits, INT8 or FP8 E4M3, side by side (lesson 08).
+
+Weights are quantized once, per output channel. Activations are quantized at run time, in one
+of two ways:
+
+- ``static_per_tensor``: one scale per layer input, fixed in advance from calibration text
+  (max |x| seen / qmax). Cheapest at run time, and the one an outlier hurts most: the outlier
+  channel sets the scale for every value of every token. Values beyond the calibrated range
+  are clipped.
+- ``dynamic_per_token``: each token (row of x) gets its own scale max|x_row| / qmax, computed
+  on the fly (a small extra kernel on a GPU, ``kernels.w8a8_int8`` / ``kernels.fp8_w8a8``).
+
+INT8 products are summed exactly in int32 (``llm_int8.int8_matmul_int32``); FP8 E4M3 codes
+are the values of ``course_lib.formats``' grid (the same codes and scales as
+``kernels.fp8_w8a8``'s GPU kernel, bit for bit) multiplied and summed in fp32, as the GPU
+kernel accumulates. ``SmoothQuant`` (``methods.smoothquant``) is applied before quantizing.
+
+The results command scores every variant and writes ``results/w8a8_<model>.json``::
+
+    python -m course_lib.methods.w8a8 --model bundled
+    python -m course_lib.methods.w8a8 --model smollm2      # SmolLM2-135M, when installed
+
+Taught in lesson 08; papers: SmoothQuant (Xiao et al., ICML 2023), LLM.int8() (Dettmers et
+al., NeurIPS 2022), FP8 formats (Micikevicius et al., 2022).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from course_lib import quant
+from course_lib.methods import llm_int8, smoothquant
+
+FORMATS = {"int8": 127.0, "fp8_e4m3": 448.0}     # qmax: the largest code
+ACT_MODES = ("static_per_tensor", "dynamic_per_token")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _check(fmt: str, act: str):
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {list(FORMATS)}; got {fmt!r}")
+    if act not in ACT_MODES:
+        raise ValueError(f"act must be one of {ACT_MODES}; got {act!r}")
+
+
+def quantize_weight(w: torch.Tensor, fmt: str = "int8") -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel weights: (codes (N, K), scale (N,) fp32) (lesson 08).
+
+    INT8 codes are int8; FP8 codes are ``torch.float8_e4m3fn`` (exactly the grid values of
+    ``course_lib.quant``, as ``kernels.fp8_w8a8.quantize_weight`` makes them).
+    """
+    _check(fmt, "dynamic_per_token")
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"w must be a 2-D floating-point weight (N, K); got "
+                         f"{tuple(getattr(w, 'shape', ()))}")
+    qt = quant.quantize(w.detach().float(), fmt, "per_channel")
+    q = qt.q if fmt == "int8" else qt.q.to(torch.float8_e4m3fn)
+    return q, qt.scale.reshape(-1).float()
+
+
+def quantize_activations(x: torch.Tensor, fmt: str = "int8", act: str = "dynamic_per_token",
+                         static_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) -> (codes (M, K), per-row scale (M,)) (lesson 08).
+
+    dynamic_per_token: scale[m] = max|x[m]| / qmax (1 for an all-zero row), the rule of
+    ``course_lib.quant`` and of the GPU kernels. static_per_tensor: every row uses
+    ``static_scale`` (from calibration); values beyond qmax * static_scale are clipped.
+    """
+    _check(fmt, act)
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point():
+        raise ValueError(f"x must be a 2-D floating-point (tokens, features) tensor; got "
+                         f"{tuple(getattr(x, 'shape', ()))}")
+    if act == "dynamic_per_token":
+        qt = quant.quantize(x.float(), fmt, "per_token")
+        q, s = qt.q, qt.scale.reshape(-1).float()                         # (M, K), (M,)
+    else:
+        if static_scale is None or not static_scale > 0:
+            raise ValueError("static_per_tensor needs a positive static_scale from calibration "
+                             "(max |x| on calibration text / qmax): see calibrate_static_scales")
+        qmax = FORMATS[fmt]
+        y = (x.float() / static_scale).clamp(-qmax, qmax)                 # (M, K)
+        if fmt == "int8":
+            q = torch.round(y).to(torch.int8)
+        else:
+            from course_lib.formats import round_to_format
+            q = round_to_format(y, fmt)
+        s = torch.full((x.shape[0],), float(static_scale))
+    if fmt == "fp8_e4m3":
+        q = q.to(torch.float8_e4m3fn)                                     # exact: grid values
+    return q, s
+
+
+def w8a8_matmul(xq, xs, w_q, w_scale) -> torch.Tensor:
+    """y[m, n] = xs[m] * ws[n] * sum_k xq[m, k] wq[n, k]: (M, N) fp32 (lesson 08).
+
+    INT8: the sum is the exact int32 accumulator. FP8: each product of two E4M3 values is
+    exact in fp32; the sum is in fp32, like the GPU kernel's accumulator."""
+    if xq.dtype == torch.int8:
+        acc = llm_int8.int8_matmul_int32(xq, w_q).float()                 # (M, N)
+    else:
+        acc = xq.float() @ w_q.float().T                                  # (M, N)
+    return acc * xs[:, None] * w_scale[None, :]
+
+
+class W8A8Linear(nn.Module):
+    """A Linear with 8-bit weights (per channel) and 8-bit activations (lesson 08).
+
+    fmt: "int8" or "fp8_e4m3"; act: "dynamic_per_token" or "static_per_tensor" (then
+    ``act_absmax``, the calibration max |x| of this layer's input, sets the scale).
+    """
+
+    def __init__(self, linear: nn.Linear, fmt: str = "int8", act: str = "dynamic_per_token",
+                 act_absmax: float | None = None):
+        super().__init__()
+        _check(fmt, act)
+        self.fmt, self.act = fmt, act
+        self.out_features, self.in_features = linear.weight.shape
+        w_q, w_scale = quantize_weight(linear.weight, fmt)
+        self.register_buffer("w_q", w_q)                                  # (out, in)
+        self.register_buffer("w_scale", w_scale)                          # (out,)
+        self.static_scale = None
+        if act == "static_per_tensor":
+            if act_absmax is None or not act_absmax > 0:
+                raise ValueError("static_per_tensor needs this layer's calibration max |x| "
+                                 "(act_absmax > 0)")
+            self.static_scale = float(act_absmax) / FORMATS[fmt]
+        self.bias = linear.bias
+
+    def forward(self, x):                                                 # (..., in) -> (..., out)
+        xq, xs = quantize_activations(x.reshape(-1, self.in_features), self.fmt, self.act,
+                                      self.static_scale)                  # (M, in), (M,)
+        y = w8a8_matmul(xq, xs, self.w_q, self.w_scale)                   # (M, out)
+        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self):
+        return f"{self.in_features}, {self.out_features}, {self.fmt}, {self.act}"
+
+
+@torch.no_grad()
+def calibrate_static_scales(model: nn.Module, ids: torch.Tensor, skip=("lm_head",),
+                            batch_size: int = 8) -> dict[str, float]:
+    """max |x| of every Linear's input over calibration ids (B, T): {name: float} (lesson 08)."""
+    from course_lib import activations
+
+    names = [n for n, m in model.named_modules()
+             if isinstance(m, nn.Linear) and not any(s in n for s in skip)]
+    acts = activations.capture_linear_inputs(model, ids, names=names, batch_size=batch_size)
+    return {n: float(x.abs().max()) for n, x in acts.items()}
+
+
+def quantize_model_w8a8(model: nn.Module, fmt: str = "int8", act: str = "dynamic_per_token",
+                        act_absmax: dict | None = None, skip=("lm_head", "embed_tokens")):
+    """A copy of ``model`` with every Linear but ``skip`` replaced by :class:`W8A8Linear`."""
+    from course_lib.methods import swap_linears
+
+    _check(fmt, act)
+    if act == "static_per_tensor" and not act_absmax:
+        raise ValueError("static_per_tensor needs act_absmax = calibrate_static_scales(model, ids)")
+
+    def make(name, lin):
+        a = None if act_absmax is None else act_absmax.get(name)
+        if act == "static_per_tensor" and a is None:
+            raise ValueError(f"no calibration maximum for {name}: calibrate the same model")
+        return W8A8Linear(lin, fmt, act, a)
+    return swap_linears(model, make, skip=skip)[0]
+
+
+# ---------------------------------------------------------------------------- the table
+
+VARIANTS = (
+    # label, kind, fmt, act, smoothing alpha (None: no smoothing)
+    ("W8A16 INT8 (weights only)", "w8a16", "int8", None, None),
+    ("W8A8 INT8 static per-tensor", "w8a8", "int8", "static_per_tensor", None),
+    ("W8A8 INT8 static per-tensor + SmoothQuant 0.5", "w8a8", "int8", "static_per_tensor", 0.5),
+    ("W8A8 INT8 static per-tensor + SmoothQuant 0.8", "w8a8", "int8", "static_per_tensor", 0.8),
+    ("W8A8 INT8 dynamic per-token", "w8a8", "int8", "dynamic_per_token", None),
+    ("W8A8 INT8 dynamic per-token + SmoothQuant 0.5", "w8a8", "int8", "dynamic_per_token", 0.5),
+    ("W8A8 INT8 dynamic per-token + SmoothQuant 0.8", "w8a8", "int8", "dynamic_per_token", 0.8),
+    ("W8A8 FP8 E4M3 dynamic per-token", "w8a8", "fp8_e4m3", "dynamic_per_token", None),
+    ("LLM.int8() (threshold 6.0)", "llm_int8", "int8", "dynamic_per_token", None),
+)
+
+
+def build_variant(model, calib_ids, kind: str, fmt: str, act: str | None, alpha: float | None,
+                  stats: dict | None = None):
+    """The quantized copy of ``model`` for one row of the table (lesson 08).
+
+    stats: ``smoothquant.calibrate_absmax(model, calib_ids)`` (computed when None)."""
+    if kind == "w8a16":
+        from course_lib import qmodel
+        return qmodel.quantize_model(model, "int8", "per_channel")[0]
+    if kind == "llm_int8":
+        return llm_int8.quantize_model_int8(model, llm_int8.DEFAULT_THRESHOLD, "fp16")
+    if kind != "w8a8":
+        raise ValueError(f"unknown kind {kind!r}: w8a16, w8a8 or llm_int8")
+    base = model
+    if alpha is not None:
+        stats = stats if stats is not None else smoothquant.calibrate_absmax(model, calib_ids)
+        base, _ = smoothquant.smooth_model(model, stats, alpha)
+    absmax = calibrate_static_scales(base, calib_ids) if act == "static_per_tensor" else None
+    return quantize_model_w8a8(base, fmt, act, absmax)
+
+
+def score_variants(model, ref, calib_ids, variants=VARIANTS, log=print) -> list[dict]:
+    """Score each variant against the reference ``ref`` (``course_lib.eval``) (lesson 08)."""
+    from course_lib import eval as ceval
+
+    stats = smoothquant.calibrate_absmax(model, calib_ids)
+    rows = []
+    for label, kind, fmt, act, alpha in variants:
+        t0 = time.time()
+        qm = build_variant(model, calib_ids, kind, fmt, act, alpha, stats)
+        r = ceval.compare(qm, ref)
+        row = {"variant": label, "kind": kind, "fmt": fmt, "act": act, "alpha": alpha,
+               "bits_per_byte": r["bits_per_byte"], "kl_nats": r["kl_nats"],
+               "top1_agreement": r["top1_agreement"]}
+        if "perplexity" in r:
+            row["perplexity"] = r["perplexity"]
+        rows.append(row)
+        log(f"{label:48s} KL {row['kl_nats']:.5f}  top-1 {row['top1_agreement']:.4f}  "
+            f"({time.time() - t0:.1f} s)")
+    return rows
+
+
+def alpha_sweep(model, ref, calib_ids, alphas, act: str = "static_per_tensor",
+                fmt: str = "int8") -> list[dict]:
+    """KL and top-1 of SmoothQuant + W8A8 at each alpha (lesson 08's plot)."""
+    rows = [dict(alpha=a, **{k: v for k, v in r.items() if k in ("kl_nats", "top1_agreement")})
+            for a, r in zip(alphas, score_variants(
+                model, ref, calib_ids,
+                [(f"alpha {a}", "w8a8", fmt, act, a) for a in alphas], log=lambda *_: None))]
+    return rows
+
+
+# ---------------------------------------------------------------------------- the command
+
+# the bundled model: the evaluation slice of lesson 04, calibration from later in the file
+BUNDLED = {"eval_bytes": 6144, "window": 256, "calib_offset": 32768, "calib_rows": 8}
+SMOLLM = {"n_windows": 2, "calib_tokens": 512, "calib_rows": 2}   # 8 windows: --windows 8
+ALPHAS = (0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def bundled_setup():
+    """(model, reference, calibration ids (rows, 256)) of the bundled model's table."""
+    from course_lib import data
+    from course_lib import eval as ceval
+    from course_lib.model import load_pretrained
+
+    model = load_pretrained()
+    text = data.heldout_text()
+    ref = ceval.reference(model, text[:BUNDLED["eval_bytes"] + 1], window=BUNDLED["window"])
+    o, n = BUNDLED["calib_offset"], BUNDLED["calib_rows"] * 256
+    calib = data.to_tensor(text[o:o + n]).view(BUNDLED["calib_rows"], 256)
+    return model, ref, calib
+
+
+def smollm_setup():
+    """(model, reference, calibration ids) for SmolLM2-135M (``course_lib.smollm``)."""
+    from course_lib import smollm
+
+    if not smollm.available():
+        raise RuntimeError(f"SmolLM2 is not installed here: {smollm.INSTALL}, then "
+                           f"python -m course_lib.smollm")
+    model = smollm.load()
+    ref = smollm.reference(model, n_windows=SMOLLM["n_windows"])
+    n, T = SMOLLM["calib_rows"], SMOLLM["calib_tokens"]
+    return model, ref, smollm.calibration_ids(n * T).view(n, T)   # never the evaluation text
+
+
+def add_sweep(model_name: str, alphas) -> int:
+    """Add an alpha sweep to results/w8a8_<model>.json, on the file's own setup; the table's
+    smoothed rows (alpha 0.5 and 0.8) join the sweep without being recomputed."""
+    path = ROOT / "results" / f"w8a8_{model_name}.json"
+    saved = json.loads(path.read_text())
+    (BUNDLED if model_name == "bundled" else SMOLLM).update(saved["setup"])
+    model, ref, calib = bundled_setup() if model_name == "bundled" else smollm_setup()
+    sweep = {}
+    for act in ACT_MODES:
+        rows = alpha_sweep(model, ref, calib, list(alphas), act)
+        for r in saved["rows"]:
+            if r["kind"] == "w8a8" and r["fmt"] == "int8" and r["act"] == act and r["alpha"] is not None:
+                rows.append({"alpha": r["alpha"], "kl_nats": r["kl_nats"],
+                             "top1_agreement": r["top1_agreement"]})
+        sweep[act] = sorted(rows, key=lambda r: r["alpha"])
+        print(act, [f"{r['alpha']}: {r['kl_nats']:.4f}" for r in sweep[act]])
+    saved["alpha_sweep"] = sweep
+    path.write_text(json.dumps(saved, indent=1) + "\n")
+    print("wrote", path)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="W8A8 variants side by side -> results/w8a8_<model>.json")
+    p.add_argument("--model", choices=["bundled", "smollm2"], default="bundled")
+    p.add_argument("--no-sweep", action="store_true", help="skip the alpha sweep")
+    p.add_argument("--windows", type=int, default=None,
+                   help="SmolLM2: evaluation windows of 512 tokens (default 2; the protocol's 8)")
+    p.add_argument("--sweep-only", type=float, nargs="+", default=None, metavar="ALPHA",
+                   help="add an alpha sweep at these alphas to the existing results file")
+    args = p.parse_args(argv)
+    if args.windows is not None:
+        SMOLLM["n_windows"] = args.windows
+    if args.sweep_only:
+        return add_sweep(args.model, args.sweep_only)
+    torch.manual_seed(0)
+    t0 = time.time()
+    model, ref, calib = bundled_setup() if args.model == "bundled" else smollm_setup()
+    rows = score_variants(model, ref, calib)
+    sweep = {}
+    if not args.no_sweep:
+        for act in ACT_MODES:
+            sweep[act] = alpha_sweep(model, ref, calib, ALPHAS, act)
+            print(act, [f"{r['alpha']}: {r['kl_nats']:.5f}" for r in sweep[act]])
+    out = {"model": args.model, "setup": BUNDLED if args.model == "bundled" else SMOLLM,
+           "reference_bits_per_byte": ref.bits_per_byte, "reference_perplexity": ref.perplexity,
+           "rows": rows, "alpha_sweep": sweep,
+           "torch": torch.__version__, "seconds": round(time.time() - t0, 1)}
+    path = ROOT / "results" / f"w8a8_{args.model}.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,121 @@
+"""SmoothQuant: the factors, the worked example, folding invariance, refusals."""
+import math
+
+import pytest
+import torch
+
+from course_lib import data
+from course_lib.methods import smoothquant as sq
+from course_lib.model import LlamaModel, ModelConfig, load_pretrained
+
+
+def test_worked_example_from_the_source():
+    ex = sq.worked_example(64.0, 0.5, 0.5)
+    assert abs(ex["s"] - 11.3) < 0.05 and abs(ex["s"] - math.sqrt(64) / math.sqrt(0.5)) < 1e-5
+    assert abs(ex["act_max"] - 5.66) < 0.005 and abs(ex["weight_max"] - 5.66) < 0.005
+
+
+def test_factors_by_hand_and_edge_cases():
+    a = torch.tensor([64.0, 1.0, 0.0, 4.0])
+    w = torch.tensor([0.5, 1.0, 0.3, 0.0])
+    s = sq.smoothing_factors(a, w, 0.5)
+    assert torch.allclose(s, torch.tensor([8 / math.sqrt(0.5), 1.0, 1.0, 1.0]))
+    assert torch.allclose(sq.smoothing_factors(a[:2], w[:2], 1.0), a[:2])       # all to weights
+    assert torch.allclose(sq.smoothing_factors(a[:2], w[:2], 0.0), 1 / w[:2])   # all to activations
+    x_after, w_after = sq.smoothed_maxima(a[:2], w[:2], 0.75)
+    assert torch.allclose(x_after, a[:2] ** 0.25 * w[:2] ** 0.25)
+    assert torch.allclose(w_after, a[:2] ** 0.75 * w[:2] ** 0.75)
+
+
+@pytest.mark.parametrize("alpha", [-0.1, 1.5, float("nan"), True])
+def test_alpha_outside_0_1_is_refused(alpha):
+    with pytest.raises(ValueError, match=r"alpha .* \[0, 1\]"):
+        sq.smoothing_factors(torch.ones(3), torch.ones(3), alpha)
+
+
+def test_bad_maxima_are_refused():
+    with pytest.raises(ValueError, match="width must match"):
+        sq.smoothing_factors(torch.ones(3), torch.ones(4))
+    with pytest.raises(ValueError, match="non-negative"):
+        sq.smoothing_factors(torch.tensor([1.0, -2.0]), torch.ones(2))
+
+
+def _tiny(seed=0):
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=48, max_position_embeddings=32)
+    return LlamaModel(cfg).init_weights(seed).eval()
+
+
+def test_folding_leaves_the_float_model_unchanged_random_model():
+    model = _tiny()
+    ids = torch.randint(0, 64, (3, 16), generator=torch.Generator().manual_seed(0))
+    stats = sq.calibrate_absmax(model, ids)
+    smooth, factors = sq.smooth_model(model, stats, alpha=0.5)
+    assert len(factors) == 2 * 3
+    assert any(float((s - 1).abs().max()) > 0.1 for s in factors.values())   # it did something
+    q0 = model.model.layers[0].self_attn.q_proj.weight
+    assert not torch.allclose(smooth.model.layers[0].self_attn.q_proj.weight, q0)
+    assert torch.allclose(smooth(ids), model(ids), rtol=1e-4, atol=1e-4)
+
+
+def test_folding_leaves_the_bundled_model_unchanged_and_flattens_activations():
+    model = load_pretrained()
+    text = data.heldout_text()
+    calib = data.to_tensor(text[32768:32768 + 1024]).view(4, 256)
+    ids = data.to_tensor(text[:512]).view(2, 256)
+    stats = sq.calibrate_absmax(model, calib)
+    smooth, _ = sq.smooth_model(model, stats, alpha=0.5)
+    ref, out = model(ids), smooth(ids)
+    assert (out - ref).abs().max() < 1e-3 * ref.abs().max()
+    # after smoothing the down_proj inputs are far flatter (max over median channel)
+    name = "model.layers.0.mlp.down_proj"
+    after = sq.calibrate_absmax(smooth, calib, names=[name])[name]
+    before = stats[name]
+    ratio = lambda a: float(a.max() / a.median())        # noqa: E731
+    assert ratio(after) < ratio(before) / 2
+
+
+def test_refusals():
+    model = _tiny()
+    ids = torch.randint(0, 64, (2, 8))
+    stats = sq.calibrate_absmax(model, ids)
+    with pytest.raises(ValueError, match="no foldable predecessor"):
+        sq.smooth_model(model, stats, layers=["model.layers.0.self_attn.o_proj"])
+    bad = dict(stats)
+    bad["model.layers.0.self_attn.q_proj"] = torch.ones(31)
+    with pytest.raises(ValueError, match="32 input features"):
+        sq.smooth_model(model, bad)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        sq.smooth_model(model, stats, alpha=2)
+    with pytest.raises(ValueError, match="no calibration maxima"):
+        sq.smooth_model(model, {})
+    with pytest.raises(ValueError, match="Llama-layout"):
+        sq.fold_groups(torch.nn.Linear(3, 3))
+
+
+def test_one_layer_smooths_its_whole_group_only():
+    model = _tiny()
+    stats = sq.calibrate_absmax(model, torch.randint(0, 64, (2, 8)))
+    smooth, factors = sq.smooth_model(model, stats, layers=["model.layers.1.self_attn.k_proj"])
+    assert list(factors) == ["model.layers.1.input_layernorm"]
+    assert torch.equal(smooth.model.layers[0].mlp.down_proj.weight,
+                       model.model.layers[0].mlp.down_proj.weight)
+
+
+def test_fold_scales_by_hand():
+    norm = torch.tensor([1.0, 2.0, 4.0])
+    w = torch.tensor([[1.0, 1.0, 1.0], [2.0, 0.0, -1.0]])
+    s = torch.tensor([2.0, 4.0, 0.5])
+    new_norm, (new_w,) = sq.fold_scales(norm, [w], s)
+    assert new_norm.tolist() == [0.5, 0.5, 8.0]
+    assert new_w.tolist() == [[2.0, 4.0, 0.5], [4.0, 0.0, -0.5]]
+    assert norm.tolist() == [1.0, 2.0, 4.0]                      # not modified in place
+    up = torch.arange(6.0).view(3, 2)                            # a Linear predecessor (K=3, in=2)
+    new_up, _ = sq.fold_scales(up, [w], s)
+    assert torch.equal(new_up, up / s[:, None])
+    x = torch.randn(5, 2)
+    assert torch.allclose((x @ new_up.T) @ new_w.T, (x @ up.T) @ w.T, atol=1e-5)
+    with pytest.raises(ValueError, match="finite and positive"):
+        sq.fold_scales(norm, [w], torch.tensor([1.0, 0.0, 1.0]))
+    with pytest.raises(ValueError, match=r"\(out, 3\)"):
+        sq.fold_scales(norm, [w.T], s)
