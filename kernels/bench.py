@@ -8,7 +8,7 @@ Runs on whatever is there and writes ``results/bench_<device>.json``:
   >= 8.9) and against what a user would pick instead (``peer_backends``: ``torch.compile``d
   int8 weight-only as in gpt-fast, ``torch._scaled_mm`` row-wise FP8), on Llama-3.1-8B layer
   shapes (4096x4096, 4096x14336, 14336x4096, 4096x1024) and 70B-like ones (8192x8192,
-  8192x28672), batch 1, 4, 16, 64, prefill M=2048 (and M=4096 for FP8), timed from CUDA
+  8192x28672), batch 1, 4, 16, 64, prefill M=2048 (and M=4096 for W8A8), timed from CUDA
   graphs over weight copies larger than L2 (``FIELDS`` says what each timing means); then
   end-to-end decode tokens/s of a stack of 8B-shaped decoder layers (random weights;
   attention left out; as many layers as half the free GPU memory holds, up to 32);
@@ -482,6 +482,9 @@ def evaluate_targets(rows: list[dict], decode: dict | None, read_gbps: float | N
          ratio((8192, 28672), 16, "w4a16 g128")),
         ("fp8_prefill_m4096", "FP8 W8A8 incl. activation quantization, M=4096 at 8192x8192 "
          "(Hopper) >= 1.3x BF16", 1.3, fp8),
+        ("int8_prefill_m4096", "INT8 W8A8 incl. activation quantization, M=4096 at 8192x8192 "
+         "(cc >= 8.0: INT8 tensor cores at twice the BF16 rate) >= 1.4x BF16", 1.4,
+         ratio((8192, 8192), 4096, "int8 w8a8")),
         ("decode_w4a16_b1", "End-to-end decode batch 1: W4A16 >= 2x BF16 tokens/s", 2.0, dec),
     ]
     return [{"id": i, "description": d, "threshold": t, "value": v,
@@ -652,7 +655,7 @@ def _run(quick, budget_s, log, decode_layers, layers, batches, prefill_m, backen
         pre_layers = layers if (gpu or custom_layers) else [LAYERS_8B[3]]
         time_layers(backends, pre_layers, (prefill_m,), timer, dev, on_row=on_row,
                     repeats=min(3, repeats), log=log)
-        if gpu and with_fp8:   # the FP8 prefill target: M=4096 at 8192x8192
+        if gpu:   # the FP8 and INT8 W8A8 prefill targets: M=4096 at 8192x8192
             time_layers(backends, [LAYERS_70B[0]], (4096,), timer, dev, on_row=on_row, log=log)
     # end-to-end decode: 8B layer shapes on a GPU; a quarter-width stack on a CPU (say so)
     if decode_cfg is not None:

@@ -131,7 +131,7 @@ def test_run_cpu_backends_writes_json(tmp_path):
     assert row["results"]["int8 (_weight_int8pack_mm)"]["bytes"] < row["results"]["fp32"]["bytes"]
     assert set(result["decode"]["results"]) == {b.name for b in kbench.cpu_backends()}
     gpu_targets = [t for t in result["targets"] if not t["id"].startswith("cpu_")]
-    assert len(gpu_targets) == 8 and all(t["met"] is None for t in gpu_targets)  # not measured
+    assert len(gpu_targets) == 9 and all(t["met"] is None for t in gpu_targets)  # not measured
     cpu = [t for t in result["targets"] if t["id"] == "cpu_quick_under_60s"]
     assert result["device"]["kind"] != "cpu" or (cpu and cpu[0]["met"] is True)
     path = kbench.write_results(result, tmp_path)
@@ -157,11 +157,13 @@ def test_targets_met_and_missed():
                 "results": {f: {"ratio_vs_baseline": r, "gbps": 3000.0 * r / 3}
                             for f, r in fmt_ratio.items()}}
     rows = [row((8192, 28672), 1, {"bf16": 1.0, "w4a16 g128": 3.0, "w8a16": 1.5}),
-            row((4096, 4096), 1, {"w4a16 g128": 2.1})]
+            row((4096, 4096), 1, {"w4a16 g128": 2.1}),
+            row((8192, 8192), 4096, {"int8 w8a8": 1.6, "fp8 w8a8": 1.9})]
     t = {x["id"]: x for x in kbench.evaluate_targets(rows, None, 3350.0, True, False)}
     assert t["w4a16_b1_70b_mlp"]["met"] is True and t["w8a16_b1_70b_mlp"]["met"] is False
     assert t["w4a16_b1_4096"]["met"] is True
     assert t["fp8_prefill_m4096"]["met"] is None and t["decode_w4a16_b1"]["value"] is None
+    assert t["int8_prefill_m4096"]["value"] == 1.6 and t["int8_prefill_m4096"]["met"] is True
     assert t["bf16_gemv_read_bw"]["value"] == pytest.approx(1000 / 3350)
 
 
@@ -193,7 +195,7 @@ def test_tables_render():
     text = kbench.layer_table(result, "decode")
     assert "tiny" in text and "fp32" in text and "1.00x" in text and len(text.splitlines()) == 2 + 3
     assert kbench.layer_table(result, "nothing") == "(no rows)"
-    assert kbench.targets_table(result).count("not measured") == 8
+    assert kbench.targets_table(result).count("not measured") == 9
 
 
 def test_cpu_threads_are_set_and_restored():
