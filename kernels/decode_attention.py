@@ -127,14 +127,15 @@ def decode_attention_kernel(
         # where they cost least: to the scores and to p, not to every cached value
         k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)         # (BLOCK_S, HD_P)
         v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+        # the scores are a fresh product each block (nothing to accumulate into)
         if DOT == 0:
             s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # (REP_P, BLOCK_S)
         elif DOT == 1:
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")  # fresh product
         elif DOT == 2:
-            s = tl.dot(q.to(tl.bfloat16), tl.trans(k.to(tl.bfloat16)))
+            s = tl.dot(q.to(tl.bfloat16), tl.trans(k.to(tl.bfloat16)))  # fresh product
         else:
-            s = tl.dot(q.to(tl.float16), tl.trans(k.to(tl.float16)))
+            s = tl.dot(q.to(tl.float16), tl.trans(k.to(tl.float16)))    # fresh product
         if MODE == 1:   # fp8: the head's key scale multiplies every score
             s = s * k_sc
         if MODE == 2:   # int8: one fp16 scale per cached token and head -> one per column of s
@@ -146,19 +147,19 @@ def decode_attention_kernel(
         p = tl.exp(s - m_new[:, None])                                # (REP_P, BLOCK_S)
         l = l * alpha + tl.sum(p, axis=1)
         pw = p
+        if MODE == 1:   # fp8: the head's value scale weighs p (fewer products than the output)
+            pw = p * v_sc
         if MODE == 2:   # int8 values: token j's scale weighs p[:, j], not v[j, :]
             pw = p * tl.load(vs_ptr + sc_off, mask=s_mask, other=0.0).to(tl.float32)[None, :]
+        acc = acc * alpha[:, None]                                    # rescale, then add p @ v
         if DOT == 0:
-            pv = tl.sum(pw[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)  # (REP_P, HD_P)
-        elif DOT == 1:
-            pv = tl.dot(pw, v.to(tl.float32), input_precision="ieee")
+            acc += tl.sum(pw[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)  # (REP_P, HD_P)
+        elif DOT == 1:   # the accumulator form: on Hopper the wgmma adds into acc itself
+            acc = tl.dot(pw, v.to(tl.float32), acc, input_precision="ieee")
         elif DOT == 2:
-            pv = tl.dot(pw.to(tl.bfloat16), v.to(tl.bfloat16))
+            acc = tl.dot(pw.to(tl.bfloat16), v.to(tl.bfloat16), acc)
         else:
-            pv = tl.dot(pw.to(tl.float16), v.to(tl.float16))
-        if MODE == 1:   # fp8: the head's value scale, once per output
-            pv = pv * v_sc
-        acc = acc * alpha[:, None] + pv
+            acc = tl.dot(pw.to(tl.float16), v.to(tl.float16), acc)
         m = m_new
 
     out_mask = r_mask[:, None] & d_mask[None, :]
