@@ -457,10 +457,13 @@ register(Exercise(
 
 def _bundled_and_ref():
     """The bundled model and a 2-window reference (128 held-out bytes): quick to score."""
-    from course_lib import data
+    from course_lib import data, device
     from course_lib.model import load_pretrained
     global _BUNDLED
     if _BUNDLED is None:
+        # building a model on the meta device imports torch._dynamo, which imports triton: set
+        # Triton's mode first, or lesson 09's kernels could not run later in this process
+        device.ensure_triton_mode()
         model = load_pretrained()
         _BUNDLED = model, ceval.reference(model, data.heldout_text(129), window=64)
     return _BUNDLED
