@@ -44,8 +44,22 @@ def stored_bytes(shape, fmt: str, granularity: str, group_size: int | None,
                  symmetric: bool = True, scale_bytes: int = 2) -> int:
     """Bytes a quantized (out, in) weight occupies at its nominal bit width: codes + scales
     (+ one zero point byte per scale when asymmetric)."""
+    if len(tuple(shape)) != 2 or any(isinstance(d, bool) or not isinstance(d, int) or d < 1
+                                     for d in shape):
+        raise ValueError(f"shape must be (out_features, in_features), two whole numbers >= 1; "
+                         f"got {shape!r}")
     out_f, in_f = shape
     bits = _bits(fmt)
+    if granularity == "per_group":
+        gs = group_size or 128
+        if isinstance(gs, bool) or not isinstance(gs, int) or gs < 1 or in_f % gs:
+            raise ValueError(f"group_size {gs!r} must be a whole number that divides "
+                             f"in_features={in_f}")
+    elif granularity not in ("per_tensor", "per_channel", "per_token"):
+        raise ValueError(f"unknown granularity {granularity!r}; known: per_tensor, per_channel, "
+                         f"per_token, per_group")
+    if isinstance(scale_bytes, bool) or not isinstance(scale_bytes, int) or scale_bytes < 1:
+        raise ValueError(f"scale_bytes must be a whole number >= 1 (2 for fp16); got {scale_bytes!r}")
     n_scales = {"per_tensor": 1, "per_channel": out_f, "per_token": out_f}.get(
         granularity, out_f * (in_f // (group_size or 128)))
     zero = 0 if symmetric and not fmt.startswith("uint") else n_scales
@@ -292,6 +306,10 @@ def rtn_sweep(model: nn.Module, ref, variants, skip=DEFAULT_SKIP, only=None) -> 
     reference, KL (nats/token) and top-1 agreement.
     """
     from course_lib import eval as ceval
+    variants = list(variants)
+    if not variants or not all(isinstance(v, (tuple, list)) and len(v) == 3 for v in variants):
+        raise ValueError(f"variants must be a non-empty list of (fmt, granularity, group_size) "
+                         f"triples, e.g. [('int4', 'per_group', 32)]; got {variants!r}")
     rows = []
     for fmt, gran, gs in variants:
         qm, rep = quantize_model(model, fmt, gran, gs, skip=skip, only=only)
