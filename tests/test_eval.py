@@ -235,3 +235,24 @@ def test_window_beyond_the_context_and_other_bad_input_are_refused():
         E.completion_cases(data.heldout_text(4096), keep=9, min_len=5)
     with pytest.raises(TypeError, match="bytes or str"):
         E.completion_cases([1, 2, 3])
+
+
+def test_data_and_training_helpers_refuse_bad_input():
+    from course_lib import train
+    for bad in (0, -5, 2.5):
+        with pytest.raises(ValueError, match="max_bytes must be"):
+            data.heldout_text(bad)
+    assert data.to_tensor("ab").tolist() == [97, 98]
+    with pytest.raises(TypeError, match="takes bytes"):
+        data.to_tensor([1, 2])
+    g = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="too short"):
+        train.get_batch(torch.arange(10), 2, 9, g)
+    x, y = train.get_batch(torch.arange(100), 3, 8, g)
+    assert x.shape == (3, 8) and torch.equal(y, x + 1)         # targets are the next byte
+    with pytest.raises(ValueError, match="steps >= 1"):
+        train.lr_at(0, 0, 1e-3, 10)
+    with pytest.raises(ValueError, match="final_frac"):
+        train.lr_at(0, 100, 1e-3, 10, final_frac=2.0)
+    assert train.lr_at(0, 100, 1.0, 10) == pytest.approx(0.1)          # warm-up: 1/10 of peak
+    assert train.lr_at(100, 100, 1.0, 10, 0.1) == pytest.approx(0.1)   # the end: final_frac
