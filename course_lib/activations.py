@@ -39,6 +39,16 @@ def capture_linear_inputs(model: nn.Module, ids: torch.Tensor, names=None,
 
     ``names``: only these Linears (default all). Hooks are removed afterwards, even on error.
     """
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"ids must be a torch tensor (token ids (B, T) for a language model, "
+                        f"or the inputs of any other model); got {type(ids).__name__}")
+    if hasattr(model, "config") and (ids.is_floating_point() or ids.dtype == torch.bool):
+        raise TypeError(f"ids must be an integer tensor of token ids (B, T) for a language "
+                        f"model; got {ids.dtype}")
+    if ids.numel() == 0:
+        raise ValueError("ids is empty: give the model some calibration tokens")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number >= 1; got {batch_size!r}")
     if ids.dim() == 1:
         ids = ids[None]
     store: dict[str, list[torch.Tensor]] = {}
@@ -61,6 +71,11 @@ def channel_stats(acts: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Te
     """Per input channel: max |x| over tokens, mean |x| and RMS, each (in_features,)."""
     out = {}
     for n, x in acts.items():                                               # x: (N, in)
+        if x.dim() != 2 or x.shape[0] == 0:
+            raise ValueError(f"{n}: activations must be (tokens, channels) with at least one "
+                             f"token; got shape {tuple(x.shape)}")
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{n}: activations hold NaN or inf; check the model's outputs first")
         out[n] = {"absmax": x.abs().amax(0), "mean_abs": x.abs().mean(0),
                   "rms": x.pow(2).mean(0).sqrt()}
     return out

@@ -108,12 +108,20 @@ def heldout_text(max_bytes: int | None = None) -> bytes:
     if not HELDOUT_FILE.exists():
         raise FileNotFoundError(f"{HELDOUT_FILE} is missing; reinstall the course or run "
                                 "`python -m course_lib.train --eval-text-only`.")
+    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int)
+                                  or max_bytes < 1):
+        raise ValueError(f"max_bytes must be None (all of it) or a whole number >= 1; "
+                         f"got {max_bytes!r}")
     b = HELDOUT_FILE.read_bytes()
     return b if max_bytes is None else b[:max_bytes]
 
 
 def to_tensor(b: bytes) -> torch.Tensor:
     """Bytes -> int64 token ids (byte-level tokenizer), shape (N,)."""
+    if isinstance(b, str):
+        b = b.encode("utf-8")
+    if not isinstance(b, (bytes, bytearray)):
+        raise TypeError(f"to_tensor takes bytes (or str); got {type(b).__name__}")
     return torch.frombuffer(bytearray(b), dtype=torch.uint8).long()
 
 

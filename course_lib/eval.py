@@ -29,10 +29,18 @@ def as_ids(text) -> torch.Tensor:
     if isinstance(text, str):
         text = text.encode("utf-8")
     if isinstance(text, (bytes, bytearray)):
+        if not text:
+            raise ValueError("the text is empty: nothing to score")
         return torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
     ids = torch.as_tensor(text)
     if ids.dim() != 1:
         raise ValueError(f"expected a 1-D sequence of token ids; got shape {tuple(ids.shape)}")
+    if ids.numel() == 0:
+        raise ValueError("the sequence of token ids is empty: nothing to score")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"token ids must be whole numbers (an integer tensor or list of ints); "
+                        f"got {ids.dtype}: truncating {ids.dtype} to ids would silently change "
+                        f"them. Use tokenizer.encode(text) or torch.tensor(ids, dtype=torch.long)")
     return ids.long()
 
 
@@ -56,6 +64,24 @@ def make_windows(ids, window: int, stride: int | None = None) -> torch.Tensor:
     return ids[starts[:, None] + torch.arange(window + 1)[None, :]]          # (n, window+1)
 
 
+def _check_model_window(model, window: int, batch_size: int = 1) -> None:
+    """Refuse a window longer than the model's context (it was never trained beyond it, and
+    RoPE positions past it give plausible-looking, wrong scores) and a batch size below 1."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number >= 1; got {batch_size!r}")
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if context is not None and isinstance(window, int) and window > context:
+        raise ValueError(f"window={window} exceeds the model's context of {context} positions, "
+                         f"beyond which it was never trained (its score would be meaningless); "
+                         f"use window <= {context}")
+
+
+def _check_bytes_per_token(bytes_per_token) -> None:
+    if (isinstance(bytes_per_token, bool) or not isinstance(bytes_per_token, (int, float))
+            or not math.isfinite(bytes_per_token) or bytes_per_token <= 0):
+        raise ValueError(f"bytes_per_token must be a finite number > 0; got {bytes_per_token!r}")
+
+
 def _check_vocab(model, windows):
     V = model.config.vocab_size if hasattr(model, "config") else None
     if V is not None and (int(windows.min()) < 0 or int(windows.max()) >= V):
@@ -67,6 +93,7 @@ def _check_vocab(model, windows):
 def logprobs(model, ids, window: int = 256, batch_size: int = 32, stride: int | None = None
              ) -> torch.Tensor:
     """Next-token log-probabilities on every window position: (n * window, V) fp32."""
+    _check_model_window(model, window, batch_size)
     w = make_windows(ids, window, stride)                                    # (n, W+1)
     _check_vocab(model, w)
     out = []
@@ -112,6 +139,11 @@ def bits_from_logprobs(lp: torch.Tensor, tgt: torch.Tensor, bytes_per_token: flo
     if lp.dim() != 2 or tgt.shape != lp.shape[:1]:
         raise ValueError(f"expected log-probs (N, V) and targets (N,); got {tuple(lp.shape)} "
                          f"and {tuple(tgt.shape)}")
+    if tgt.numel() == 0:
+        raise ValueError("no positions to score: log-probs and targets are empty")
+    if tgt.is_floating_point():
+        raise TypeError(f"targets must be integer token ids; got {tgt.dtype}")
+    _check_bytes_per_token(bytes_per_token)
     if tgt.numel() and (int(tgt.min()) < 0 or int(tgt.max()) >= lp.shape[1]):
         raise ValueError(f"targets span [{int(tgt.min())}, {int(tgt.max())}] but there are only "
                          f"{lp.shape[1]} log-probs per position")
@@ -128,7 +160,10 @@ def perplexity_from_logprobs(lp: torch.Tensor, tgt: torch.Tensor) -> float:
 
 def bits_per_byte(model, ids, window: int = 256, batch_size: int = 32,
                   bytes_per_token: float = 1.0) -> float:
-    """Mean cross-entropy of the next token in bits, divided by bytes per token."""
+    """Mean cross-entropy of the next token in bits, divided by bytes per token (lesson 04).
+
+    ``window`` must fit the model's context (a 256-context model refuses window=512)."""
+    _check_bytes_per_token(bytes_per_token)
     lp = logprobs(model, ids, window, batch_size)                            # (N, V)
     return bits_from_logprobs(lp, targets(ids, window), bytes_per_token)
 
@@ -156,9 +191,7 @@ def reference(model, ids, window: int = 256, batch_size: int = 32,
               bytes_per_token: float = 1.0, stride: int | None = None) -> Reference:
     """Score the reference (unquantized fp32) model once; :func:`compare` reuses it."""
     ids = as_ids(ids)
-    if not (isinstance(bytes_per_token, (int, float)) and math.isfinite(bytes_per_token)
-            and bytes_per_token > 0):
-        raise ValueError(f"bytes_per_token must be a finite number > 0; got {bytes_per_token!r}")
+    _check_bytes_per_token(bytes_per_token)
     return Reference(logprobs(model, ids, window, batch_size, stride),
                      targets(ids, window, stride), ids, window, bytes_per_token, stride)
 
@@ -207,6 +240,14 @@ def completion_cases(text: bytes, n: int = 128, prompt_bytes: int = 128, unit: s
     import re
     if isinstance(text, str):
         text = text.encode("utf-8")
+    if not isinstance(text, (bytes, bytearray)):
+        raise TypeError(f"text must be bytes or str; got {type(text).__name__}")
+    for name, v in (("n", n), ("prompt_bytes", prompt_bytes), ("min_len", min_len),
+                    ("max_target", max_target)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a whole number >= 1; got {v!r}")
+    if isinstance(keep, bool) or not isinstance(keep, int) or not 0 <= keep < min_len:
+        raise ValueError(f"keep must be a whole number in 0..min_len-1 ({min_len - 1}); got {keep!r}")
     if unit not in UNITS:
         raise ValueError(f"unknown unit {unit!r}; known: {', '.join(UNITS)}")
     cands = []

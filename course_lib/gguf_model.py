@@ -164,6 +164,9 @@ def unpermute_rope_rows(n_rows: int, n_heads: int) -> torch.Tensor:
     The converter stores head h's rows as (pair p, half j) -> p * 2 + j; Hugging Face keeps the
     two halves apart: j * (hd/2) + p. Returns a (n_rows,) index.
     """
+    if n_heads < 1 or n_rows % n_heads or (n_rows // n_heads) % 2:
+        raise ValueError(f"n_rows ({n_rows}) must split into n_heads ({n_heads}) heads of an "
+                         f"even size (RoPE rotates pairs)")
     hd = n_rows // n_heads
     idx = torch.arange(n_rows).reshape(n_heads, hd // 2, 2)              # gguf rows by (h, p, j)
     return idx.transpose(1, 2).reshape(n_rows)                           # (h, j, p) order
@@ -178,6 +181,9 @@ def open_gguf(path: str | Path):
         raise ImportError("reading GGUF files needs the 'gguf' package: pip install gguf==0.19.0 "
                           "(make setup installs it)") from None
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{str(path)!r} is a folder; pass the .gguf file itself "
+                                f"(smollm.gguf_path() finds SmolLM2's)")
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file {str(path)!r} does not exist")
     try:

@@ -295,6 +295,20 @@ class LlamaModel(nn.Module):
 
 # ----------------------------------------------------------------------------- generation
 @torch.no_grad()
+def _check_generate_args(max_new_tokens, temperature, top_k, seed) -> None:
+    """Clear errors for :func:`generate`'s knobs (a learner turns them)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a whole number >= 0; got {max_new_tokens!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy); got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be None (no limit) or a whole number >= 1 (1 = greedy); "
+                         f"got {top_k!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be a whole number; got {seed!r}")
+
+
 def generate(model: LlamaModel, ids: torch.Tensor, max_new_tokens: int,
              temperature: float = 0.0, top_k: int | None = None, seed: int = 0,
              stop_token: int | None = None, cache=None) -> torch.Tensor:
@@ -307,8 +321,7 @@ def generate(model: LlamaModel, ids: torch.Tensor, max_new_tokens: int,
     """
     if ids.dim() == 1:
         ids = ids[None]
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy); got {temperature}")
+    _check_generate_args(max_new_tokens, temperature, top_k, seed)
     context = model.config.max_position_embeddings
     if ids.shape[1] + max_new_tokens > context:
         raise ValueError(
@@ -370,6 +383,9 @@ class HFTokenizer:
 def read_config(folder: str | Path) -> ModelConfig:
     """Read and check ``folder/config.json``; unsupported architectures get a clear error."""
     folder = Path(folder)
+    if folder.is_file():
+        raise NotADirectoryError(f"{str(folder)!r} is a file; pass the checkpoint *folder* that "
+                                 f"holds config.json and *.safetensors (here: {str(folder.parent)!r})")
     if not folder.is_dir():
         raise FileNotFoundError(f"checkpoint folder {str(folder)!r} does not exist. Expected a folder "
                                 "with config.json and *.safetensors (Hugging Face layout).")

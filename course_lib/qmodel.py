@@ -44,12 +44,48 @@ def stored_bytes(shape, fmt: str, granularity: str, group_size: int | None,
                  symmetric: bool = True, scale_bytes: int = 2) -> int:
     """Bytes a quantized (out, in) weight occupies at its nominal bit width: codes + scales
     (+ one zero point byte per scale when asymmetric)."""
+    if len(tuple(shape)) != 2 or any(isinstance(d, bool) or not isinstance(d, int) or d < 1
+                                     for d in shape):
+        raise ValueError(f"shape must be (out_features, in_features), two whole numbers >= 1; "
+                         f"got {shape!r}")
     out_f, in_f = shape
     bits = _bits(fmt)
+    if granularity == "per_group":
+        gs = group_size or 128
+        if isinstance(gs, bool) or not isinstance(gs, int) or gs < 1 or in_f % gs:
+            raise ValueError(f"group_size {gs!r} must be a whole number that divides "
+                             f"in_features={in_f}")
+    elif granularity not in ("per_tensor", "per_channel", "per_token"):
+        raise ValueError(f"unknown granularity {granularity!r}; known: per_tensor, per_channel, "
+                         f"per_token, per_group")
+    if isinstance(scale_bytes, bool) or not isinstance(scale_bytes, int) or scale_bytes < 1:
+        raise ValueError(f"scale_bytes must be a whole number >= 1 (2 for fp16); got {scale_bytes!r}")
     n_scales = {"per_tensor": 1, "per_channel": out_f, "per_token": out_f}.get(
         granularity, out_f * (in_f // (group_size or 128)))
     zero = 0 if symmetric and not fmt.startswith("uint") else n_scales
     return (out_f * in_f * bits + 7) // 8 + n_scales * scale_bytes + zero
+
+
+def fake_quant_weight(w: torch.Tensor, bits: int, group_size: int | None = None) -> torch.Tensor:
+    """Symmetric absmax round-to-nearest of an (out, in) weight, returned in float (lesson 04).
+
+    One scale per output row (``group_size=None``) or per run of ``group_size`` consecutive
+    inputs of a row; scale = max |w| / (2**(bits-1) - 1) (1.0 for an all-zero group), codes
+    rounded half to even and clamped, computed in fp32, returned in ``w``'s dtype. This is
+    what :class:`FakeQuantLinear` does to an ``intN`` weight (the reference of exercise
+    04.fake_quant_weight).
+    """
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"w must be a 2-D float tensor (out_features, in_features); got "
+                         f"{type(w).__name__} {tuple(getattr(w, 'shape', ()))}")
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
+        raise ValueError(f"bits must be a whole number 2..8; got {bits!r}")
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int)
+                                   or group_size < 1 or w.shape[1] % group_size):
+        raise ValueError(f"group_size must be None (one scale per row) or a whole number that "
+                         f"divides in_features={w.shape[1]}; got {group_size!r}")
+    gran = "per_channel" if group_size is None else "per_group"
+    return quant.fake_quantize(w, f"int{bits}", gran, group_size)
 
 
 def _shape(mod):
@@ -270,6 +306,10 @@ def rtn_sweep(model: nn.Module, ref, variants, skip=DEFAULT_SKIP, only=None) -> 
     reference, KL (nats/token) and top-1 agreement.
     """
     from course_lib import eval as ceval
+    variants = list(variants)
+    if not variants or not all(isinstance(v, (tuple, list)) and len(v) == 3 for v in variants):
+        raise ValueError(f"variants must be a non-empty list of (fmt, granularity, group_size) "
+                         f"triples, e.g. [('int4', 'per_group', 32)]; got {variants!r}")
     rows = []
     for fmt, gran, gs in variants:
         qm, rep = quantize_model(model, fmt, gran, gs, skip=skip, only=only)
@@ -282,6 +322,28 @@ def rtn_sweep(model: nn.Module, ref, variants, skip=DEFAULT_SKIP, only=None) -> 
                      "delta_bpb": r["bits_per_byte"] - ref.bits_per_byte,
                      "kl_nats": r["kl_nats"], "top1_agreement": r["top1_agreement"]})
     return rows
+
+
+def layer_sensitivity(model: nn.Module, ref, fragments, bits: int = 3,
+                      group_size: int | None = None) -> dict[str, float]:
+    """KL vs ``ref`` when only the Linears whose name contains one fragment are quantized
+    (symmetric INT``bits``, per row or per group), one fragment at a time (lesson 04, section 5;
+    the reference of exercise 04.layer_sensitivity).
+
+    Each fragment starts again from the unquantized ``model``, so the numbers do not add up
+    damage from earlier fragments. Returns ``{fragment: kl_nats}`` in the order given.
+    """
+    if isinstance(fragments, str) or not fragments or not all(isinstance(f, str) and f
+                                                              for f in fragments):
+        raise ValueError(f"fragments must be a non-empty list of name pieces such as "
+                         f"['.q_proj', '.down_proj']; got {fragments!r}")
+    if len(set(fragments)) != len(fragments):
+        raise ValueError(f"fragments repeat an entry: {list(fragments)}")
+    if isinstance(bits, bool) or not isinstance(bits, int):
+        raise ValueError(f"bits must be a whole number 2..8; got {bits!r}")
+    gran = "per_channel" if group_size is None else "per_group"
+    return {f: rtn_sweep(model, ref, [(f"int{bits}", gran, group_size)], only=[f])[0]["kl_nats"]
+            for f in fragments}
 
 
 def format_rows(rows: list[dict], cols=None) -> str:

@@ -31,6 +31,11 @@ from course_lib.model import BUNDLED_DIR, LlamaModel, ModelConfig, save_pretrain
 
 def get_batch(corpus: torch.Tensor, batch: int, ctx: int, g: torch.Generator):
     """Random windows of ctx+1 bytes -> inputs (B, ctx) and next-byte targets (B, ctx)."""
+    if batch < 1 or ctx < 1:
+        raise ValueError(f"batch and ctx must be >= 1; got batch={batch}, ctx={ctx}")
+    if len(corpus) < ctx + 2:
+        raise ValueError(f"the corpus ({len(corpus)} tokens) is too short for windows of "
+                         f"{ctx} + 1 tokens: use more text or a smaller ctx")
     starts = torch.randint(0, len(corpus) - ctx - 1, (batch,), generator=g)       # (B,)
     idx = starts[:, None] + torch.arange(ctx + 1)[None, :]                          # (B, ctx+1)
     w = corpus[idx]                                                                 # (B, ctx+1)
@@ -39,6 +44,9 @@ def get_batch(corpus: torch.Tensor, batch: int, ctx: int, g: torch.Generator):
 
 def lr_at(step: int, steps: int, peak: float, warmup: int, final_frac: float = 0.1) -> float:
     """Linear warm-up to ``peak``, then cosine decay to ``final_frac * peak``."""
+    if steps < 1 or warmup < 0 or not peak > 0 or not 0 <= final_frac <= 1:
+        raise ValueError(f"need steps >= 1, warmup >= 0, peak > 0 and final_frac in [0, 1]; got "
+                         f"steps={steps}, warmup={warmup}, peak={peak}, final_frac={final_frac}")
     if step < warmup:
         return peak * (step + 1) / warmup
     t = (step - warmup) / max(1, steps - warmup)

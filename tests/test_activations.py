@@ -80,3 +80,19 @@ def test_outlier_channels_refuses_inputs_that_gave_silent_answers():
     with pytest.raises(ValueError, match="abs"):
         A.outlier_channels(torch.tensor([1.0, -60.0, 1.0, 50.0]), 5.0)          # signed max
     assert A.outlier_channels(np.array([1.0, 1.0, 1.0, 50.0]), 5.0).tolist() == [3]
+
+
+def test_capture_and_stats_refuse_bad_input():
+    from course_lib.model import LlamaModel, ModelConfig
+    m = LlamaModel(ModelConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                               num_key_value_heads=2, intermediate_size=64)).init_weights(0)
+    with pytest.raises(TypeError, match="integer tensor of token ids"):
+        A.capture_linear_inputs(m, torch.rand(1, 8))
+    with pytest.raises(ValueError, match="empty"):
+        A.capture_linear_inputs(m, torch.zeros(1, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match="batch_size must be"):
+        A.capture_linear_inputs(m, torch.zeros(1, 8, dtype=torch.long), batch_size=0)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        A.channel_stats({"x": torch.tensor([[1.0, float("nan")]])})
+    with pytest.raises(ValueError, match="at least one token"):
+        A.channel_stats({"x": torch.zeros(0, 4)})

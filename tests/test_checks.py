@@ -170,6 +170,12 @@ def test_signed_zero_and_int_results_are_opt_in(monkeypatch):
     assert compare_answer(4, 4.0, 1e-5, 1e-8, True) is None
     assert "whole number" in compare_answer(4, 4.0, 1e-5, 1e-8, True, int_results=True)
     assert compare_answer((0.1, 4), (0.1, np.int64(4)), 1e-5, 1e-8, True, int_results=True) is None
+    import torch
+    assert compare_answer(2.0, torch.tensor(2.0), 1e-5, 1e-8, True) is None
+    assert "Python float" in compare_answer(2.0, torch.tensor(2.0), 1e-5, 1e-8, True,
+                                            float_results=True)
+    assert compare_answer((0.5, 1.0), (0.5, np.float64(1.0)), 1e-5, 1e-8, True,
+                          float_results=True) is None
 
 
 # Independent values: each computed by hand from the lesson's text, not by the reference.
@@ -215,6 +221,37 @@ def test_hand_values_for_quantizers():
     assert scale == 0.125 and el[:3].tolist() == [6.0, -1.5, 0.5]      # 7.2 saturates to 6
 
 
+def test_lesson04_references_agree_with_hand_computed_values():
+    import math
+
+    import torch
+    ex = EXERCISES
+    uniform = torch.full((3, 256), -math.log(256.0))
+    assert ex["04.bits_per_byte"].reference(uniform, torch.tensor([0, 7, 255])) == pytest.approx(8.0)
+    lp = torch.log(torch.tensor([[0.5, 0.25, 0.25]]))
+    assert ex["04.bits_per_byte"].reference(lp, torch.tensor([1])) == pytest.approx(2.0)     # -log2 1/4
+    assert ex["04.bits_per_byte"].reference(lp, torch.tensor([1]), 4.0) == pytest.approx(0.5)
+    p, q = torch.log(torch.tensor([[0.5, 0.5]])), torch.log(torch.tensor([[0.25, 0.75]]))
+    kl, top1 = ex["04.kl_top1"].reference(p, q)
+    assert kl == pytest.approx(0.5 * math.log(2) + 0.5 * math.log(0.5 / 0.75))   # 0.143841
+    assert top1 == 0.0                                   # the tie goes to token 0, q picks 1
+    zero = torch.log(torch.tensor([[1.0, 0.0]]))
+    assert ex["04.kl_top1"].reference(zero, q)[0] == pytest.approx(math.log(4))   # 1 * ln(1/.25)
+    got = ex["04.outlier_channels"].reference(torch.tensor([1.0, 1.0, 1.0, 5.0, 6.0]), 5.0)
+    assert got.tolist() == [4] and got.dtype == torch.int64
+    w = torch.tensor([[7.0, 0.5, 1.5, 2.5, -2.5, -0.5, 3.5, 0.0]])
+    assert ex["04.fake_quant_weight"].reference(w, 4).tolist() == [[7, 0, 2, 2, -2, 0, 4, 0]]
+    w2 = torch.tensor([[1.0, 0.4, 0.0, 0.0, 2.0, 0.5, -0.3, 0.1]])
+    got = ex["04.fake_quant_weight"].reference(w2, 2, 4)       # qmax 1: codes -1, 0, 1
+    assert got.tolist() == [[1.0, 0.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0]]
+    block = torch.zeros(1, 20, dtype=torch.uint8)
+    block[0, 0:2] = torch.tensor([0x00, 0x38])              # fp16 0x3800 = 0.5 (little-endian)
+    block[0, 2:4] = torch.tensor([0x00, 0xBC])              # fp16 0xBC00 = -1.0
+    block[0, 4] = 0x21                                       # weight 0: code 1, weight 16: code 2
+    w = ex["04.dequantize_q4_1"].reference(block)[0]
+    assert (w[0].item(), w[16].item(), w[1].item()) == (-0.5, 0.0, -1.0)
+
+
 def test_yours_or_library_says_which(capsys):
     from course_lib.checks import CheckResult, yours_or_library
     mine, lib = (lambda: "mine"), (lambda: "lib")
@@ -224,7 +261,8 @@ def test_yours_or_library_says_which(capsys):
     assert "library's is used" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("ex_id", sorted(k for k in EXERCISES if k[:2] in ("00", "01", "02", "03")))
+@pytest.mark.parametrize("ex_id", sorted(k for k in EXERCISES
+                                         if k[:2] in ("00", "01", "02", "03", "04")))
 def test_first_hint_step_is_a_question_not_code(ex_id):
     steps = EXERCISES[ex_id].hints
     assert len(steps) >= 2, f"{ex_id}: give a first step to think about and a later code-level one"

@@ -17,7 +17,7 @@ def tiny_cfg(**kw):
 
 
 def hf_roundtrip(tmp_path, **cfg_kw):
-    transformers = pytest.importorskip("transformers")
+    import transformers  # a course dependency: never skipped
     torch.manual_seed(0)
     hf_cfg = transformers.LlamaConfig(**cfg_kw)
     hf = transformers.LlamaForCausalLM(hf_cfg).eval()
@@ -116,7 +116,6 @@ def test_bundled_model_loads_small_and_predicts_python():
 
 
 def test_hf_tokenizer_json_is_loaded(tmp_path):
-    pytest.importorskip("tokenizers")
     from tokenizers import Tokenizer, models, pre_tokenizers
     vocab = {"[UNK]": 0, "def": 1, "main": 2, "(": 3, ")": 4, ":": 5}
     t = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
@@ -195,9 +194,44 @@ def test_training_script_runs_and_writes_a_loadable_checkpoint(tmp_path):
 
 def test_bundled_checkpoint_is_a_real_hf_checkpoint():
     """transformers reads the bundled folder as it is and computes the same logits."""
-    transformers = pytest.importorskip("transformers")
+    import transformers  # a course dependency: never skipped
     hf = transformers.LlamaForCausalLM.from_pretrained(str(M.BUNDLED_DIR)).float().eval()
     ours = M.load_pretrained()
     ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.allclose(hf(ids).logits, ours(ids), atol=1e-4)
+
+
+# ---------------------------------------------------------------- generate's knobs and bad paths
+def test_generate_refuses_bad_knobs_and_top_k_1_is_greedy():
+    m = M.load_pretrained()
+    ids = torch.tensor([list(b"def main():\n    ")])
+    for kw, words in [({"top_k": 0}, "top_k must be"), ({"top_k": 2.5}, "top_k must be"),
+                      ({"top_k": True}, "top_k must be"),
+                      ({"temperature": float("nan")}, "temperature must be"),
+                      ({"temperature": -1.0}, "temperature must be"),
+                      ({"seed": 1.5}, "seed must be")]:
+        with pytest.raises(ValueError, match=words):
+            M.generate(m, ids, 4, **kw)
+    for n in (-1, 2.0):
+        with pytest.raises(ValueError, match="max_new_tokens must be"):
+            M.generate(m, ids, n)
+    greedy = M.generate(m, ids, 12)
+    # top_k=1 leaves one token to sample from: greedy, whatever the temperature and seed
+    assert torch.equal(M.generate(m, ids, 12, temperature=5.0, top_k=1, seed=7), greedy)
+    # top_k=2 samples only among the two most likely: every sampled token is one of them
+    out = M.generate(m, ids, 12, temperature=50.0, top_k=2, seed=1)
+    with torch.no_grad():
+        logits = m(out[:, :-1])[0, ids.shape[1] - 1:]                          # (12, V)
+    top2 = logits.topk(2, -1).indices                                          # (12, 2)
+    assert bool((top2 == out[0, ids.shape[1]:, None]).any(-1).all())
+    assert M.generate(m, ids, 0).shape == ids.shape
+
+
+def test_a_file_where_a_folder_is_expected(tmp_path):
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(b"not a folder")
+    with pytest.raises(NotADirectoryError, match="is a file.*folder"):
+        M.load_pretrained(f)
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        M.load_tokenizer(f)

@@ -1,4 +1,6 @@
 """course_lib.qmodel: swapping Linears for fake-quant / packed ones, skip lists, byte reports."""
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -84,7 +86,17 @@ def test_works_on_any_module_built_from_linear():
     x = torch.randn(5, 16)
     qn, rep = qmodel.quantize_model(net, "int8", "per_channel", mode="packed")
     assert len(rep.quantized) == 2
-    assert torch.allclose(qn(x), net(x), atol=0.05)
+    # independent: the same net with each weight rounded by hand, one absmax scale per row
+    # (fp16 scales are the only difference: far below INT8's step); per-tensor scales differ
+    def by_hand(per_row):
+        h = copy.deepcopy(net)
+        for lin in (h[0], h[2]):
+            w = lin.weight.detach()
+            s = (w.abs().amax(1, keepdim=True) if per_row else w.abs().max()) / 127
+            lin.weight.data = torch.round(w / s) * s
+        return h(x)
+    assert torch.allclose(qn(x), by_hand(True), atol=2e-4)
+    assert not torch.allclose(qn(x), by_hand(False), atol=2e-4)
     assert qmodel.linear_names(qn) == ["0", "2"]
 
 
@@ -107,3 +119,61 @@ def test_a_skip_fragment_that_matches_nothing_is_an_error():
         qmodel.quantize_model(m, "int4", "per_group", 32, skip=("lm_heads",))
     _, rep = qmodel.quantize_model(m, "int4", "per_group", 32, skip=("lm_head",))
     assert "lm_head" in rep.skipped
+
+
+def test_stored_bytes_by_hand_zero_points_and_refusals():
+    # (4, 64) at 4 bits: 128 bytes of codes; groups of 32: 8 fp16 scales = 16 bytes
+    assert qmodel.stored_bytes((4, 64), "int4", "per_group", 32) == 128 + 16
+    assert qmodel.stored_bytes((4, 64), "int4", "per_group", 32, symmetric=False) == 128 + 16 + 8
+    assert qmodel.stored_bytes((4, 64), "uint4", "per_group", 32) == 128 + 16 + 8   # always asym
+    assert qmodel.stored_bytes((4, 64), "int8", "per_channel", None) == 256 + 8
+    assert qmodel.stored_bytes((4, 64), "int3", "per_tensor", None) == 96 + 2
+    with pytest.raises(ValueError, match="divides in_features=64"):
+        qmodel.stored_bytes((4, 64), "int4", "per_group", 24)
+    with pytest.raises(ValueError, match="two whole numbers"):
+        qmodel.stored_bytes((4, 0), "int4", "per_channel", None)
+    with pytest.raises(ValueError, match="two whole numbers"):
+        qmodel.stored_bytes((4, 64, 2), "int4", "per_channel", None)
+    with pytest.raises(ValueError, match="unknown granularity"):
+        qmodel.stored_bytes((4, 64), "int4", "per_row", None)
+    with pytest.raises(ValueError, match="bits must be 2..8"):
+        qmodel.stored_bytes((4, 64), "int9", "per_channel", None)
+    # the packed layer's real buffers agree with the count (zero points included)
+    lin = nn.Linear(64, 4, bias=False)
+    pk = qmodel.PackedLinear(lin, "int4", "per_group", 32, symmetric=False)
+    assert pk.nbytes() == qmodel.stored_bytes((4, 64), "int4", "per_group", 32, symmetric=False)
+
+
+def test_inplace_and_a_tied_head():
+    m = small_llama()
+    same, rep = qmodel.quantize_model(m, "int4", "per_group", 32, inplace=True)
+    assert same is m and isinstance(m.model.layers[0].mlp.down_proj, qmodel.FakeQuantLinear)
+    tied = LlamaModel(ModelConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                  num_key_value_heads=2, intermediate_size=128,
+                                  tie_word_embeddings=True)).init_weights(0).eval()
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+    w0 = tied.model.embed_tokens.weight.detach().clone()
+    qt, rep = qmodel.quantize_model(tied, "int4", "per_group", 32, skip=("embed_tokens",))
+    assert "lm_head" in [n for n, _ in rep.quantized]
+    assert torch.equal(qt.model.embed_tokens.weight, w0)                 # the embedding kept
+    assert torch.equal(qt.lm_head.weight, quant.fake_quantize(w0, "int4", "per_group", 32))
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight         # the original still tied
+
+
+def test_fake_quant_weight_and_sweep_refusals():
+    w = torch.tensor([[7.0, 0.5, 1.5, 2.5, -2.5, -0.5, 3.5, 0.0]])
+    assert qmodel.fake_quant_weight(w, 4).tolist() == [[7, 0, 2, 2, -2, 0, 4, 0]]   # half to even
+    for bad, words in [((w, 1), "bits must be"), ((w, 4.0), "bits must be"),
+                       ((w, 4, 3), "group_size"), ((w[0], 4), "2-D float"),
+                       ((w.long(), 4), "2-D float")]:
+        with pytest.raises(ValueError, match=words):
+            qmodel.fake_quant_weight(*bad)
+    m = small_llama()
+    with pytest.raises(ValueError, match="non-empty list of"):
+        qmodel.rtn_sweep(m, None, [])
+    with pytest.raises(ValueError, match="non-empty list of name pieces"):
+        qmodel.layer_sensitivity(m, None, [])
+    with pytest.raises(ValueError, match="non-empty list of name pieces"):
+        qmodel.layer_sensitivity(m, None, ".q_proj")
+    with pytest.raises(ValueError, match="repeat"):
+        qmodel.layer_sensitivity(m, None, [".q_proj", ".q_proj"])

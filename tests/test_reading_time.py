@@ -8,7 +8,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 STATED = re.compile(r"about (\d+) minutes to read \(([\d,]+) words at 200 a minute\)")
 MUST_STATE = ["00_the_bill", "01_number_formats", "02_absmax_and_zero_points",
-              "03_outliers_and_block_scales"]
+              "03_outliers_and_block_scales", "04_a_real_model"]
 
 
 def _markdown_words(path: Path) -> int:

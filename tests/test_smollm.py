@@ -17,7 +17,7 @@ from course_lib import data, gguf_model, smollm
 from course_lib.gguf_model import BlockQuantized, quantize_q4_1, unpack_q4_1, unpack_q8_0
 from course_lib.model import LlamaModel, ModelConfig, generate
 
-gguf = pytest.importorskip("gguf", reason="gguf is a course dependency: run make setup")
+import gguf  # noqa: E402  (a course dependency: never skipped)
 Q = gguf.GGMLQuantizationType
 requires_smollm = pytest.mark.skipif(
     not smollm.available() and os.environ.get("CI") != "true",
@@ -296,3 +296,24 @@ def test_protocol_windows_and_a_first_window_perplexity(smol):
         smollm.reference(smol, window=9000)
     with pytest.raises(ValueError, match="n_windows"):
         smollm.reference(smol, n_windows=0)
+
+
+def test_gguf_helpers_refuse_bad_input(tmp_path):
+    with pytest.raises(IsADirectoryError, match="is a folder; pass the .gguf file"):
+        gguf_model.open_gguf(tmp_path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        gguf_model.open_gguf(tmp_path / "missing.gguf")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF but not really")
+    with pytest.raises(ValueError, match="not a readable GGUF file"):
+        gguf_model.open_gguf(bad)
+    with pytest.raises(ValueError, match="heads of an even size"):
+        gguf_model.unpermute_rope_rows(10, 3)
+    with pytest.raises(ValueError, match="heads of an even size"):
+        gguf_model.unpermute_rope_rows(12, 4)                  # head size 3: odd
+    # 2 heads of 4 rows: gguf stores (pair, half) interleaved, HF keeps the halves apart
+    assert gguf_model.unpermute_rope_rows(8, 2).tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
+    with pytest.raises(ValueError, match="needs 20 bytes per row"):
+        unpack_q4_1(np.zeros((2, 18), np.uint8), 32)
+    with pytest.raises(ValueError, match="n_tokens must be"):
+        smollm.calibration_ids(0)

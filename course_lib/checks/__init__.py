@@ -57,6 +57,8 @@ class Exercise:
     check_dtype: bool = True
     signed_zero: bool = False   # -0.0 and +0.0 differ (formats with a sign bit on zero)
     int_results: bool = False   # where the reference returns an int, the answer must be one
+    float_results: bool = False  # where the reference returns a float, the answer must be a
+                                 # Python (or numpy) float, not a 0-d tensor
 
     @property
     def hints(self) -> list[str]:
@@ -105,9 +107,10 @@ def _short(x: Any, limit: int = 300) -> str:
 
 
 def compare_answer(expected, actual, rtol: float, atol: float, check_dtype: bool,
-                   signed_zero: bool = False, int_results: bool = False) -> str | None:
+                   signed_zero: bool = False, int_results: bool = False,
+                   float_results: bool = False) -> str | None:
     """None when ``actual`` matches ``expected``; otherwise what is wrong, in words."""
-    more = dict(signed_zero=signed_zero, int_results=int_results)
+    more = dict(signed_zero=signed_zero, int_results=int_results, float_results=float_results)
     if isinstance(expected, dict):
         if not isinstance(actual, dict):
             return f"expected a dict, got {type(actual).__name__}"
@@ -139,6 +142,10 @@ def compare_answer(expected, actual, rtol: float, atol: float, check_dtype: bool
     if (int_results and isinstance(expected, (int, np.integer))
             and not isinstance(actual, (int, np.integer))):
         return f"expected a whole number (int), got {type(actual).__name__} {actual!r}"
+    if (float_results and isinstance(expected, (float, np.floating))
+            and not isinstance(actual, (float, np.floating))):
+        return (f"expected a Python float, got {type(actual).__name__} {_short(actual, 80)} "
+                f"(wrap it in float(...))")
     result = cmp("answer", expected, actual, rtol=rtol, atol=atol, check_dtype=check_dtype,
                  signed_zero=signed_zero)
     return None if result else result.problem
@@ -223,7 +230,7 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
             else:
                 expected = ex.reference(*copy.deepcopy(case.args), **copy.deepcopy(case.kwargs))
                 problem = compare_answer(expected, actual, ex.rtol, ex.atol, ex.check_dtype,
-                                         ex.signed_zero, ex.int_results)
+                                         ex.signed_zero, ex.int_results, ex.float_results)
                 if problem:
                     problem += f"\n    expected: {_short(expected)}\n    actual:   {_short(actual)}"
         if problem:

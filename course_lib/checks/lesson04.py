@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from course_lib import activations, eval as ceval, gguf_model
+from course_lib import activations, eval as ceval, gguf_model, qmodel
 from course_lib.checks import Case, Exercise, register
 
 
@@ -29,8 +29,12 @@ def _bpb_cases():
              label="a 50-token vocabulary at 3.5 bytes per token"),
         Case((torch.log(torch.tensor([[0.5, 0.25, 0.25], [1.0 - 2e-9, 1e-9, 1e-9]])),
               torch.tensor([1, 0])), label="hand-checkable: (2 + ~0) / 2 = 1 bit"),
+        Case((_lp(6, 256, 5), _tgt(6, 256, 6)), {"bytes_per_token": 2.0},
+             label="bytes_per_token passed by name"),
         Case((_lp(4, 10, 4), torch.tensor([0, 1, 2, 10])),
              label="target 10 with a vocabulary of 10: raise ValueError", raises=ValueError),
+        Case((_lp(4, 10, 4), torch.tensor([0, -1, 2, 3])),
+             label="a negative target: raise ValueError", raises=ValueError),
     ]
 
 
@@ -58,17 +62,28 @@ def _wrong_bpb_entropy(lp, tgt, bytes_per_token=1.0):   # entropy of the predict
     return float(-(lp.exp() * lp).sum(-1).mean()) / math.log(2) / bytes_per_token
 
 
+def _wrong_bpb_tensor(lp, tgt, bytes_per_token=1.0):    # right number, but a 0-d tensor
+    if int(tgt.min()) < 0 or int(tgt.max()) >= lp.shape[1]:
+        raise ValueError("target out of range")
+    return -lp.gather(1, tgt[:, None]).mean() / math.log(2) / bytes_per_token
+
+
 register(Exercise(
     id="04.bits_per_byte",
     title="bits per byte from next-token log-probabilities",
     reference=ceval.bits_from_logprobs,
     cases=_bpb_cases,
-    hint=("Pick each position's log-probability of its *target* (lp[i, tgt[i]], e.g. with "
-          "lp.gather(1, tgt[:, None])), negate and average: nats per token. Divide by ln 2 for "
-          "bits, then by bytes_per_token. Raise ValueError if a target is >= lp.shape[1]. "
-          "Return a Python float."),
-    wrong=[_wrong_bpb_nats, _wrong_bpb_argmax, _wrong_bpb_times, _wrong_bpb_entropy],
-    rtol=1e-4, atol=1e-6,
+    hint=["At each position, which probability measures the model's surprise: the one it gave "
+          "its favourite token, or the one it gave the token that actually came next? And how "
+          "do nats, bits and bits per byte differ from one another?",
+          "Pick each position's log-probability of its target (lp.gather(1, tgt[:, None]) "
+          "picks lp[i, tgt[i]] for every i), negate it and average: nats per token. A target "
+          "below 0 or at least lp.shape[1] is not a valid index: raise ValueError first.",
+          "Divide the nats by math.log(2) for bits, then by bytes_per_token, and return "
+          "float(...) (a Python float, not a 0-d tensor)."],
+    wrong=[_wrong_bpb_nats, _wrong_bpb_argmax, _wrong_bpb_times, _wrong_bpb_entropy,
+           _wrong_bpb_tensor],
+    rtol=1e-4, atol=1e-6, float_results=True,
 ))
 
 
@@ -85,6 +100,12 @@ def _kl_cases():
         Case((p, q), label="a slightly perturbed model"),
         Case((peaked, flat), label="peaked reference vs flat variant (direction matters)"),
         Case((peaked, peaked[[1, 1, 2]]), label="one of three argmaxes differs: agreement 2/3"),
+        Case((torch.log(torch.tensor([[0.4, 0.4, 0.2], [0.2, 0.4, 0.4]])),
+              torch.log(torch.tensor([[0.3, 0.5, 0.2], [0.2, 0.4, 0.4]]))),
+             label="exact ties: the first of the tied tokens is the top-1 (as argmax does)"),
+        Case((torch.log(torch.tensor([[0.5, 0.5, 0.0], [0.0, 1.0, 0.0]])),
+              torch.log(torch.tensor([[0.25, 0.5, 0.25], [0.1, 0.8, 0.1]]))),
+             label="reference probabilities of exactly 0 (log-prob -inf): 0 ln 0 counts as 0"),
         Case((p, p[:10]), label="different shapes: raise ValueError", raises=ValueError),
     ]
 
@@ -94,6 +115,39 @@ def _wrong_kl_reversed(ref_lp, lp):                     # KL(variant || referenc
         raise ValueError("shapes differ")
     kl = (lp.exp() * (lp - ref_lp)).sum(-1).mean()
     return float(kl), float((ref_lp.argmax(-1) == lp.argmax(-1)).float().mean())
+
+
+def _kl_terms(ref_lp, lp):                              # the right KL, 0 ln 0 = 0 handled
+    p = ref_lp.exp()
+    return torch.where(p > 0, p * (ref_lp - lp), torch.zeros_like(p)).sum(-1).mean()
+
+
+def _wrong_kl_nan_at_zero(ref_lp, lp):                  # 0 * (-inf - x) = NaN, not 0
+    if ref_lp.shape != lp.shape:
+        raise ValueError("shapes differ")
+    kl = (ref_lp.exp() * (ref_lp - lp)).sum(-1).mean()
+    return float(kl), float((ref_lp.argmax(-1) == lp.argmax(-1)).float().mean())
+
+
+def _wrong_top1_last_tie(ref_lp, lp):                   # a tie goes to the LAST maximum
+    if ref_lp.shape != lp.shape:
+        raise ValueError("shapes differ")
+    last = lambda t: t.shape[-1] - 1 - t.flip(-1).argmax(-1)     # noqa: E731
+    return float(_kl_terms(ref_lp, lp)), float((last(ref_lp) == last(lp)).float().mean())
+
+
+def _wrong_top1_any_max(ref_lp, lp):                    # agree if the variant's pick ties the top
+    if ref_lp.shape != lp.shape:
+        raise ValueError("shapes differ")
+    pick = lp.argmax(-1, keepdim=True)
+    hit = ref_lp.gather(-1, pick)[:, 0] == ref_lp.max(-1).values
+    return float(_kl_terms(ref_lp, lp)), float(hit.float().mean())
+
+
+def _wrong_kl_tensors(ref_lp, lp):                      # right numbers, returned as tensors
+    if ref_lp.shape != lp.shape:
+        raise ValueError("shapes differ")
+    return _kl_terms(ref_lp, lp), (ref_lp.argmax(-1) == lp.argmax(-1)).float().mean()
 
 
 def _wrong_kl_bits(ref_lp, lp):                         # in bits, not nats
@@ -122,12 +176,17 @@ register(Exercise(
     title="KL divergence and top-1 agreement against the reference",
     reference=ceval.kl_and_top1,
     cases=_kl_cases,
-    hint=("KL(P || Q) = sum over the vocabulary of P * (ln P - ln Q), with P = ref_lp.exp() the "
-          "*reference*; average over positions (nats). Top-1 agreement = mean of "
-          "(ref_lp.argmax(-1) == lp.argmax(-1)) as a fraction. Return (kl, top1) as floats; "
-          "raise ValueError when the shapes differ."),
-    wrong=[_wrong_kl_reversed, _wrong_kl_bits, _wrong_kl_no_weights, _wrong_top1_count],
-    rtol=1e-4, atol=1e-6,
+    hint=["KL is not symmetric: whose probabilities weight the sum, the reference's or the "
+          "variant's? What should a token the reference gives probability exactly 0 contribute? "
+          "And when two tokens tie for first place, which one is 'the' top-1?",
+          "With P = ref_lp.exp(), each position contributes the sum over the vocabulary of "
+          "P * (ref_lp - lp), in nats; where P is 0 the term is 0 (torch.where(P > 0, ..., 0): "
+          "0 * -inf would be NaN). Average over positions. Refuse different shapes first.",
+          "top1 = (ref_lp.argmax(-1) == lp.argmax(-1)).float().mean() (argmax takes the first "
+          "of tied maxima); return float(kl), float(top1)."],
+    wrong=[_wrong_kl_reversed, _wrong_kl_bits, _wrong_kl_no_weights, _wrong_top1_count,
+           _wrong_kl_nan_at_zero, _wrong_top1_last_tie, _wrong_top1_any_max, _wrong_kl_tensors],
+    rtol=1e-4, atol=1e-6, float_results=True,
 ))
 
 
@@ -146,11 +205,13 @@ def _outlier_cases():
         Case((skewed, 5.0), label="three huge channels: the median, not the mean, is the yardstick"),
         Case((torch.ones(8), 2.0), label="no outliers: an empty tensor"),
         Case((a, 0.0), label="ratio 0: raise ValueError", raises=ValueError),
+        Case((a, -5.0), label="a negative ratio: raise ValueError", raises=ValueError),
+        Case((torch.zeros(0), 5.0), label="no channels at all: raise ValueError", raises=ValueError),
     ]
 
 
 def _wrong_outlier_mean(absmax, ratio=5.0):              # mean instead of median
-    if ratio <= 0:
+    if ratio <= 0 or absmax.numel() == 0:
         raise ValueError("ratio must be positive")
     return torch.nonzero(absmax > ratio * absmax.mean()).flatten()
 
@@ -178,9 +239,11 @@ register(Exercise(
     title="outlier channels from per-channel maxima",
     reference=activations.outlier_channels,
     cases=_outlier_cases,
-    hint=("Compare each channel's max |x| with ratio * (the median over channels); keep those "
-          "strictly greater and return their indices as a 1-D int64 tensor "
-          "(torch.nonzero(mask).flatten()). Raise ValueError for ratio <= 0."),
+    hint=["What is a 'typical' channel here: would the mean do, when a few channels are "
+          "a hundred times the rest? And is a channel at exactly the threshold an outlier?",
+          "The yardstick is absmax.median(); the outliers are the channels with absmax strictly "
+          "greater than ratio times it. Refuse ratio <= 0 and an empty absmax first.",
+          "torch.nonzero(mask).flatten() turns the boolean mask into ascending int64 indices."],
     wrong=[_wrong_outlier_mean, _wrong_outlier_ge, _wrong_outlier_mask, _wrong_outlier_max],
 ))
 
@@ -287,4 +350,206 @@ register(Exercise(
     wrong=[_wrong_q4_1_interleaved, _wrong_q4_1_high_first, _wrong_q4_1_no_minimum,
            _wrong_q4_1_signed, _wrong_q4_1_swapped, _wrong_q4_1_half],
     rtol=0.0, atol=0.0,
+))
+
+
+# ---------------------------------------------------------------- 04.fake_quant_weight
+
+def _fq_cases():
+    g = torch.Generator().manual_seed(40)
+    w = torch.randn(16, 64, generator=g)
+    ties = torch.tensor([[7.0, 0.5, 1.5, 2.5, -2.5, -0.5, 3.5, 0.0]])   # scale 1: exact .5 ties
+    zero_row = torch.randn(3, 32, generator=g)
+    zero_row[1] = 0.0
+    spike = torch.randn(4, 64, generator=g) * 0.02
+    spike[:, 5] = 3.0                                                      # one big input channel
+    return [
+        Case((ties, 4), label="INT4 per row, scale exactly 1: ties round half to even"),
+        Case((w, 8), label="INT8, one scale per row"),
+        Case((w, 4, 32), label="INT4 in groups of 32"),
+        Case((w[:8, :32], 3, 8), label="INT3 in groups of 8"),
+        Case((spike, 4), {"group_size": 16},
+             label="an outlier input: only its own group's scale grows"),
+        Case((zero_row, 4, 8), label="an all-zero row: zeros back, no NaN"),
+        Case((torch.randn(4, 64, generator=g).bfloat16(), 4, 16),
+             label="a bf16 weight comes back in bf16"),
+        Case((w, 1), label="bits=1: raise ValueError", raises=ValueError),
+        Case((w, 9), label="bits=9: raise ValueError", raises=ValueError),
+        Case((w, 4, 24), label="group 24 does not divide 64: raise ValueError", raises=ValueError),
+        Case((w[0], 4), label="a 1-D weight: raise ValueError", raises=ValueError),
+    ]
+
+
+def _fq_refuse(w, bits, group_size):
+    if w.dim() != 2 or not 2 <= bits <= 8 or (group_size and w.shape[1] % group_size):
+        raise ValueError("bad input")
+
+
+def _fq_groups(w, group_size):                          # (out, in) -> (out, G, g) fp32
+    g = w.shape[1] if group_size is None else group_size
+    return w.float().reshape(w.shape[0], -1, g)
+
+
+def _wrong_fq_per_tensor(w, bits, group_size=None):     # one scale for the whole matrix
+    _fq_refuse(w, bits, group_size)
+    qmax = 2 ** (bits - 1) - 1
+    s = (w.float().abs().max() / qmax).clamp_min(1e-30)
+    return ((w.float() / s).round().clamp(-qmax, qmax) * s).to(w.dtype)
+
+
+def _wrong_fq_half_up(w, bits, group_size=None):        # floor(x + 0.5): ties go up
+    _fq_refuse(w, bits, group_size)
+    qmax = 2 ** (bits - 1) - 1
+    wg = _fq_groups(w, group_size)
+    s = wg.abs().amax(-1, keepdim=True) / qmax
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    return ((wg / s + 0.5).floor().clamp(-qmax, qmax) * s).reshape(w.shape).to(w.dtype)
+
+
+def _wrong_fq_qmax(w, bits, group_size=None):           # 2**(bits-1) levels: the top one wasted
+    _fq_refuse(w, bits, group_size)
+    qmax = 2 ** (bits - 1)
+    wg = _fq_groups(w, group_size)
+    s = wg.abs().amax(-1, keepdim=True) / qmax
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    return ((wg / s).round().clamp(-qmax, qmax - 1) * s).reshape(w.shape).to(w.dtype)
+
+
+def _wrong_fq_columns(w, bits, group_size=None):        # scales per input column, not per row
+    _fq_refuse(w, bits, group_size)
+    return qmodel.fake_quant_weight(w.t().contiguous(), bits, None).t()
+
+
+def _wrong_fq_nan_at_zero(w, bits, group_size=None):    # no guard: 0 / 0 in an all-zero group
+    _fq_refuse(w, bits, group_size)
+    qmax = 2 ** (bits - 1) - 1
+    wg = _fq_groups(w, group_size)
+    s = wg.abs().amax(-1, keepdim=True) / qmax
+    return ((wg / s).round().clamp(-qmax, qmax) * s).reshape(w.shape).to(w.dtype)
+
+
+def _wrong_fq_fp32_out(w, bits, group_size=None):       # forgot to cast back to w's dtype
+    _fq_refuse(w, bits, group_size)
+    return qmodel.fake_quant_weight(w.float(), bits, group_size)
+
+
+register(Exercise(
+    id="04.fake_quant_weight",
+    title="fake-quantize a Linear weight (symmetric INT, per row or per group)",
+    reference=qmodel.fake_quant_weight,
+    cases=_fq_cases,
+    hint=["How many scales does one row get without groups, and with groups of 32? Which value "
+          "of a group decides its scale, and onto which integer must it land at `bits` bits? "
+          "What should a group of zeros give back?",
+          "View w (out, in) as (out, in // g, g), with g = in when group_size is None. Per "
+          "group: scale = max |w| over the last dimension / (2 ** (bits - 1) - 1), replaced "
+          "by 1.0 where it is 0. Refuse bits outside 2..8, a group size that does not divide "
+          "in, and a weight that is not 2-D first.",
+          "Work in fp32: q = torch.round(wg / scale).clamp(-qmax, qmax) (torch.round rounds "
+          "half to even), then return (q * scale).reshape(w.shape).to(w.dtype)."],
+    wrong=[_wrong_fq_per_tensor, _wrong_fq_half_up, _wrong_fq_qmax, _wrong_fq_columns,
+           _wrong_fq_nan_at_zero, _wrong_fq_fp32_out],
+    rtol=1e-5, atol=1e-7,
+))
+
+
+# ---------------------------------------------------------------- 04.layer_sensitivity
+
+def _bundled_and_ref():
+    """The bundled model and a 2-window reference (128 held-out bytes): quick to score."""
+    from course_lib import data, device
+    from course_lib.model import load_pretrained
+    global _BUNDLED
+    if _BUNDLED is None:
+        # building a model on the meta device imports torch._dynamo, which imports triton: set
+        # Triton's mode first, or lesson 09's kernels could not run later in this process
+        device.ensure_triton_mode()
+        model = load_pretrained()
+        _BUNDLED = model, ceval.reference(model, data.heldout_text(129), window=64)
+    return _BUNDLED
+
+
+_BUNDLED = None
+
+
+def _sens_cases():
+    model, ref = _bundled_and_ref()
+    return [
+        Case((model, ref, [".q_proj", ".down_proj"]), label="INT3 per row, two layer kinds"),
+        Case((model, ref, ["layers.0.", "layers.3."], 4, 32),
+             label="INT4 g32, the first and the last block"),
+        Case((model, ref, [".k_proj"]), {"bits": 2}, label="INT2, the key projections alone"),
+        Case((model, ref, [".v_proj", ".o_proj"], 8),
+             label="INT8: tiny but nonzero KL"),
+        Case((model, ref, []), label="no fragments: raise ValueError", raises=ValueError),
+        Case((model, ref, ["no_such_layer"]), label="a fragment that matches no Linear: "
+             "raise ValueError", raises=ValueError),
+    ]
+
+
+def _sens_refuse(fragments):
+    if not fragments:
+        raise ValueError("no fragments")
+
+
+def _wrong_sens_cumulative(model, ref, fragments, bits=3, group_size=None):
+    _sens_refuse(fragments)                      # keeps quantizing the same copy: damage adds up
+    gran = "per_channel" if group_size is None else "per_group"
+    out, qm = {}, model
+    for f in fragments:
+        qm, _ = qmodel.quantize_model(qm, f"int{bits}", gran, group_size, only=[f])
+        out[f] = ceval.compare(qm, ref)["kl_nats"]
+    return out
+
+
+def _wrong_sens_everything(model, ref, fragments, bits=3, group_size=None):
+    _sens_refuse(fragments)                      # quantizes every Linear each time
+    gran = "per_channel" if group_size is None else "per_group"
+    for f in fragments:
+        qmodel.quantize_model(model, f"int{bits}", gran, group_size, only=[f])   # the refusal
+    qm, _ = qmodel.quantize_model(model, f"int{bits}", gran, group_size)
+    kl = ceval.compare(qm, ref)["kl_nats"]
+    return {f: kl for f in fragments}
+
+
+def _wrong_sens_delta_bpb(model, ref, fragments, bits=3, group_size=None):
+    _sens_refuse(fragments)                      # bits-per-byte increase, not KL
+    gran = "per_channel" if group_size is None else "per_group"
+    return {f: ceval.compare(qmodel.quantize_model(model, f"int{bits}", gran, group_size,
+                                                   only=[f])[0], ref)["bits_per_byte"]
+            - ref.bits_per_byte for f in fragments}
+
+
+def _wrong_sens_ignores_groups(model, ref, fragments, bits=3, group_size=None):
+    _sens_refuse(fragments)                      # always one scale per row
+    return {f: ceval.compare(qmodel.quantize_model(model, f"int{bits}", "per_channel", None,
+                                                   only=[f])[0], ref)["kl_nats"]
+            for f in fragments}
+
+
+def _wrong_sens_top1(model, ref, fragments, bits=3, group_size=None):
+    _sens_refuse(fragments)                      # 1 - top-1 agreement instead of KL
+    gran = "per_channel" if group_size is None else "per_group"
+    return {f: 1.0 - ceval.compare(qmodel.quantize_model(model, f"int{bits}", gran, group_size,
+                                                         only=[f])[0], ref)["top1_agreement"]
+            for f in fragments}
+
+
+register(Exercise(
+    id="04.layer_sensitivity",
+    title="a layer sensitivity sweep on the bundled model",
+    reference=qmodel.layer_sensitivity,
+    cases=_sens_cases,
+    hint=["To learn what one kind of layer costs, what must stay unquantized while you measure "
+          "it, and what must you start again from before measuring the next kind? Which of the "
+          "section 2 numbers separates small damages best?",
+          "For each fragment: qmodel.quantize_model(model, f'int{bits}', granularity, "
+          "group_size, only=[fragment]) quantizes a copy, only the matching Linears "
+          "(granularity 'per_channel' when group_size is None, else 'per_group'). Refuse an "
+          "empty list first; quantize_model already refuses a fragment that matches nothing.",
+          "ceval.compare(quantized, ref)['kl_nats'] is the number; collect "
+          "{fragment: kl} in the order given and return it."],
+    wrong=[_wrong_sens_cumulative, _wrong_sens_everything, _wrong_sens_delta_bpb,
+           _wrong_sens_ignores_groups, _wrong_sens_top1],
+    rtol=1e-4, atol=1e-9, float_results=True,
 ))
