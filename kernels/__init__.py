@@ -1,4 +1,4 @@
-"""Real Triton kernels for quantized linear layers (lessons 09 and 10).
+"""Real Triton kernels for quantized linear layers and attention (lessons 08-11).
 
 Each file follows the Triton tutorials' order: a docstring that says what you will learn,
 pseudo-code, the kernel with every argument commented, a thin wrapper that checks its
@@ -8,6 +8,10 @@ inputs, a plain-torch reference and a benchmark.
 - ``kernels.w4a16``    int4 weights packed two per byte, group-wise scales (and zero points)
 - ``kernels.fp8_w8a8`` FP8 E4M3 weights (per channel) and activations (per token, quantized
   on the fly), fp32 accumulation; needs compute capability 8.9+ on a GPU
+- ``kernels.w8a8_int8`` INT8 weights (per channel) and activations (per token, quantized by a
+  fused kernel), int32 accumulation, scales in the epilogue; compute capability 8.0+ (lesson 08)
+- ``kernels.decode_attention`` one query per sequence against a BF16, FP8 or INT8 KV cache,
+  dequantized in registers, online softmax, split along the context (lesson 11)
 - ``kernels.bench``    ``python -m kernels.bench``: the benchmark that writes ``results/*.json``
 - ``kernels.compile_check`` ``python -m kernels.compile_check``: compile every kernel for
   sm_75 ... sm_120 without a GPU and read the compiled code (instructions per weight byte,
