@@ -189,3 +189,13 @@ def test_quantize_blockwise_feeds_each_block_the_quantized_blocks_outputs(model)
     assert not torch.allclose(seen[1], fp, atol=1e-3)
     with pytest.raises(ValueError, match="context"):
         cal.quantize_blockwise(model, torch.zeros(1, 300, dtype=torch.long), record)
+
+
+@pytest.mark.parametrize("bits, gs, sym", [(4, 32, True), (3, 128, False), (8, 64, False),
+                                           (2, 16, True)])
+def test_fast_group_rounding_equals_the_quant_module(bits, gs, sym):
+    W = torch.randn(40, 256, generator=torch.Generator().manual_seed(bits)) * 3
+    W[0, :gs] = 0                                                            # an all-zero group
+    W[1] = W[1].abs()                                                        # a one-sided row
+    assert torch.equal(cal.fake_quant(W, bits, gs, sym),
+                       quant.fake_quantize(W, f"int{bits}", "per_group", gs, sym))

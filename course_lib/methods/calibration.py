@@ -99,12 +99,33 @@ def calibration_ids(model_name: str = "bundled", n_windows: int | None = None,
 
 # ----------------------------------------------------------------------------- quantized Linear
 def group_params(w: torch.Tensor, bits: int, symmetric: bool = True):
-    """Scale (and zero point) per row of one group of columns w (out, g), as lessons 02-03 define
-    them: symmetric absmax / (2**(bits-1) - 1), or min-max with an integer zero point.
-    Returns (scale (out,), zero (out,) or None), both fp32/int32. One source: ``quant.quantize``.
+    """Scale (and zero point) per row of a group of columns w (..., g), as lessons 02-03 define
+    them (``quant.quantize``, written out in torch for speed; tests check they agree):
+    symmetric: scale = max|w| / (2**(bits-1) - 1); asymmetric: the range widened to include 0,
+    scale = (max - min) / (2**bits - 1), zero = round(-min / scale). An all-zero row gets
+    scale 1. Returns (scale (...,), zero (...,) int32 or None), fp32 (fp64 stays fp64).
     """
-    qt = quant.quantize(w.float(), f"int{bits}", "per_channel", None, symmetric)
-    return qt.scale.reshape(-1), None if qt.zero is None else qt.zero.reshape(-1)
+    w = w.to(torch.float64 if w.dtype == torch.float64 else torch.float32)
+    if symmetric:
+        scale = w.abs().amax(-1) / (2 ** (bits - 1) - 1)
+        return torch.where(scale == 0, torch.ones_like(scale), scale), None
+    levels = 2 ** bits - 1
+    lo, hi = w.amin(-1).clamp(max=0.0), w.amax(-1).clamp(min=0.0)
+    scale = (hi - lo) / levels
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    zero = torch.clamp(torch.round(-lo / scale), 0, levels)
+    return scale, zero.to(torch.int32)
+
+
+def fake_quant(w: torch.Tensor, bits: int, group_size: int, symmetric: bool = True):
+    """Round-to-nearest of w (out, in) in groups of ``group_size`` columns, dequantized: equal
+    to ``quant.fake_quantize(w, f"int{bits}", "per_group", group_size, symmetric)`` (fp32)."""
+    out_f, in_f = w.shape
+    wg = w.float().reshape(out_f, in_f // group_size, group_size)           # (out, G, gs)
+    scale, zero = group_params(wg, bits, symmetric)                         # (out, G)
+    q = quantize_with(wg, scale[..., None], None if zero is None else zero[..., None], bits)
+    return dequantize_with(q, scale[..., None],
+                           None if zero is None else zero[..., None]).reshape(out_f, in_f)
 
 
 def quantize_with(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int):
