@@ -12,10 +12,12 @@ LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -r requirements.txt
+	$(PY) -m pip install --no-deps -r requirements-nodeps.txt
 	$(PY) -m pip install --no-deps -e .
+	$(PY) -m course_lib.smollm convert
 	touch $(STAMP)
 
 lab: setup

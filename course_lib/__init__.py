@@ -11,6 +11,8 @@ Modules (each imported on demand, so `import course_lib` stays cheap):
 - ``formats``  number formats bit by bit (lesson 01)
 - ``quant``    quantizers, block formats, packing, error metrics (lessons 02-03)
 - ``model``, ``eval``, ``activations``, ``qmodel`` the bundled model and its tooling (lesson 04)
+- ``smollm``, ``gguf_model`` the real LLM (SmolLM2-135M) from its GGUF file; its text (lesson 04)
+- ``methods``  quantization methods from the papers, one module each (lessons 05-08)
 - ``bench``    timing and the roofline (lessons 00, 09, 10)
 """
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""The bundled model's corpus: the Python standard library's own source (lesson 04).
+"""The course's texts: the bundled model's corpus (the Python standard library's own source) and
+the English reference text SmolLM2 is measured on (lesson 04).
 
 The split is fixed and documented, so a retrain on any machine holds out the same modules:
 
@@ -8,6 +9,13 @@ The split is fixed and documented, so a retrain on any machine holds out the sam
   trivially predictable ones (:data:`NEVER_HELD_OUT`: codec tables such as ``encodings/cp1252.py``
   and generated data modules), which stay in training;
 - training: everything else.
+
+The real LLM (SmolLM2-135M) is measured on English prose: the Python language reference topics
+(``pydoc_data.topics``, PSF licence), bundled as a fixed snapshot in
+``course_lib/data/pydoc_topics.json`` because their content changes between Python versions.
+:func:`topics_split` cuts them as llm-compressor-style calibration scripts do: topics sorted by
+key, even positions for calibration, odd positions for evaluation, each part joined with blank
+lines.
 
 Because a learner's Python may differ from the one the model was trained on, the evaluation text
 is *bundled*: ``course_lib/data/heldout_eval.txt`` holds a fixed slice (tens of KB) of the held-out
@@ -23,6 +31,8 @@ import torch
 
 DATA_DIR = Path(__file__).parent / "data"
 HELDOUT_FILE = DATA_DIR / "heldout_eval.txt"
+TOPICS_FILE = DATA_DIR / "pydoc_topics.json"
+TOPIC_SEPARATOR = "\n\n"
 
 EXCLUDED_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
 HOLDOUT_MODULUS = 16
@@ -130,3 +140,20 @@ def compressor_bits_per_byte(text: bytes) -> dict[str, float]:
     sizes = {"gzip -9": len(gzip.compress(text, 9)), "bzip2 -9": len(bz2.compress(text, 9)),
              "xz -9e": len(lzma.compress(text, preset=9 | lzma.PRESET_EXTREME))}
     return {k: 8 * v / len(text) for k, v in sizes.items()}
+
+
+# ----------------------------------------------------------------------------- English text
+def topics() -> dict[str, str]:
+    """The bundled snapshot of the Python reference topics: {key: text}, sorted by key."""
+    import json
+    if not TOPICS_FILE.exists():
+        raise FileNotFoundError(f"{TOPICS_FILE} is missing; reinstall the course (it ships in "
+                                "course_lib/data)")
+    return dict(sorted(json.loads(TOPICS_FILE.read_text(encoding="utf-8"))["topics"].items()))
+
+
+def topics_split() -> tuple[str, str]:
+    """(calibration, evaluation) text: topics sorted by key, even positions calibrate, odd
+    positions evaluate, each part joined with blank lines (lesson 04; used by lessons 05-08, 11)."""
+    items = list(topics().values())
+    return TOPIC_SEPARATOR.join(items[0::2]), TOPIC_SEPARATOR.join(items[1::2])

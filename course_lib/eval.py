@@ -11,6 +11,9 @@ Every variant of a model is scored on *the same* token ids cut into *the same* w
   Python identifiers (or, harder, of the second half of code lines).
 
 Windows are non-overlapping: window i feeds tokens [i*W, (i+1)*W) and predicts [i*W+1, (i+1)*W+1).
+With ``stride`` (the real-LLM protocol: ``window=511, stride=512``) window i starts at i*stride
+instead, so 512-token blocks are scored each on its own, 511 predictions per block.
+Perplexity per token is exp(mean nats per token).
 """
 from __future__ import annotations
 
@@ -33,16 +36,23 @@ def as_ids(text) -> torch.Tensor:
     return ids.long()
 
 
-def make_windows(ids, window: int) -> torch.Tensor:
-    """Cut ids (N,) into non-overlapping windows of ``window`` inputs + 1 target: (n, window+1)."""
+def make_windows(ids, window: int, stride: int | None = None) -> torch.Tensor:
+    """Cut ids (N,) into windows of ``window`` inputs + 1 target: (n, window+1).
+
+    Window i starts at i * stride (default stride = window: consecutive windows share only
+    their boundary token; stride = window + 1: disjoint blocks, each scored on its own)."""
     ids = as_ids(ids)
-    if window < 1:
-        raise ValueError(f"window must be >= 1; got {window}")
-    n = (len(ids) - 1) // window
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a whole number >= 1; got {window!r}")
+    stride = window if stride is None else stride
+    if not isinstance(stride, int) or stride < window:
+        raise ValueError(f"stride must be a whole number >= window ({window}) so that no "
+                         f"position is scored twice; got {stride!r}")
+    n = (len(ids) - 1 - window) // stride + 1 if len(ids) > window else 0
     if n < 1:
         raise ValueError(f"text of {len(ids)} tokens is shorter than the evaluation window "
                          f"({window} + 1 tokens): use more text or a smaller window")
-    starts = torch.arange(n) * window                                        # (n,)
+    starts = torch.arange(n) * stride                                        # (n,)
     return ids[starts[:, None] + torch.arange(window + 1)[None, :]]          # (n, window+1)
 
 
@@ -54,9 +64,10 @@ def _check_vocab(model, windows):
 
 
 @torch.no_grad()
-def logprobs(model, ids, window: int = 256, batch_size: int = 32) -> torch.Tensor:
+def logprobs(model, ids, window: int = 256, batch_size: int = 32, stride: int | None = None
+             ) -> torch.Tensor:
     """Next-token log-probabilities on every window position: (n * window, V) fp32."""
-    w = make_windows(ids, window)                                            # (n, W+1)
+    w = make_windows(ids, window, stride)                                    # (n, W+1)
     _check_vocab(model, w)
     out = []
     for i in range(0, len(w), batch_size):
@@ -65,9 +76,9 @@ def logprobs(model, ids, window: int = 256, batch_size: int = 32) -> torch.Tenso
     return torch.cat(out)
 
 
-def targets(ids, window: int = 256) -> torch.Tensor:
+def targets(ids, window: int = 256, stride: int | None = None) -> torch.Tensor:
     """The target token of every window position: (n * window,)."""
-    return make_windows(ids, window)[:, 1:].reshape(-1)
+    return make_windows(ids, window, stride)[:, 1:].reshape(-1)
 
 
 def _check_logprobs(lp: torch.Tensor, what: str = "lp") -> None:
@@ -109,6 +120,12 @@ def bits_from_logprobs(lp: torch.Tensor, tgt: torch.Tensor, bytes_per_token: flo
     return float(nll) / math.log(2) / bytes_per_token
 
 
+def perplexity_from_logprobs(lp: torch.Tensor, tgt: torch.Tensor) -> float:
+    """Perplexity per token, exp(mean -ln p(target)), from log-probs (N, V) and targets (N,)
+    (lesson 04: the real LLM's headline metric; 2 ** bits per token)."""
+    return 2.0 ** bits_from_logprobs(lp, tgt, 1.0)
+
+
 def bits_per_byte(model, ids, window: int = 256, batch_size: int = 32,
                   bytes_per_token: float = 1.0) -> float:
     """Mean cross-entropy of the next token in bits, divided by bytes per token."""
@@ -124,18 +141,26 @@ class Reference:
     ids: torch.Tensor
     window: int
     bytes_per_token: float = 1.0
+    stride: int | None = None
 
     @property
     def bits_per_byte(self) -> float:
         return bits_from_logprobs(self.logprobs, self.targets, self.bytes_per_token)
 
+    @property
+    def perplexity(self) -> float:
+        return perplexity_from_logprobs(self.logprobs, self.targets)
+
 
 def reference(model, ids, window: int = 256, batch_size: int = 32,
-              bytes_per_token: float = 1.0) -> Reference:
+              bytes_per_token: float = 1.0, stride: int | None = None) -> Reference:
     """Score the reference (unquantized fp32) model once; :func:`compare` reuses it."""
     ids = as_ids(ids)
-    return Reference(logprobs(model, ids, window, batch_size), targets(ids, window), ids, window,
-                     bytes_per_token)
+    if not (isinstance(bytes_per_token, (int, float)) and math.isfinite(bytes_per_token)
+            and bytes_per_token > 0):
+        raise ValueError(f"bytes_per_token must be a finite number > 0; got {bytes_per_token!r}")
+    return Reference(logprobs(model, ids, window, batch_size, stride),
+                     targets(ids, window, stride), ids, window, bytes_per_token, stride)
 
 
 def kl_and_top1(ref_lp: torch.Tensor, lp: torch.Tensor) -> tuple[float, float]:
@@ -156,10 +181,12 @@ def kl_and_top1(ref_lp: torch.Tensor, lp: torch.Tensor) -> tuple[float, float]:
 
 
 def compare(model, ref: Reference, batch_size: int = 32) -> dict:
-    """Bits per byte, KL vs the reference and top-1 agreement of ``model`` on ref's windows."""
-    lp = logprobs(model, ref.ids, ref.window, batch_size)                    # (N, V)
+    """Bits per byte, perplexity, KL vs the reference and top-1 agreement of ``model`` on
+    ref's windows."""
+    lp = logprobs(model, ref.ids, ref.window, batch_size, ref.stride)        # (N, V)
     kl, top1 = kl_and_top1(ref.logprobs, lp)
     return {"bits_per_byte": bits_from_logprobs(lp, ref.targets, ref.bytes_per_token),
+            "perplexity": perplexity_from_logprobs(lp, ref.targets),
             "kl_nats": kl, "top1_agreement": top1}
 
 

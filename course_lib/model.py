@@ -427,7 +427,34 @@ def load_pretrained(folder: str | Path = BUNDLED_DIR, dtype: torch.dtype = torch
         if sd[k].shape != model.state_dict()[k].shape:
             raise ValueError(f"tensor {k} has shape {tuple(sd[k].shape)} in the checkpoint but the "
                              f"config implies {tuple(model.state_dict()[k].shape)}")
-    model.load_state_dict({k: sd[k] for k in expected}, strict=False)
+    return model_from_state_dict(cfg, {k: sd[k] for k in expected}, dtype)
+
+
+def model_from_state_dict(cfg: ModelConfig, sd: dict[str, torch.Tensor],
+                          dtype: torch.dtype = torch.float32) -> LlamaModel:
+    """A :class:`LlamaModel` holding exactly ``sd``'s weights, in eval mode (lesson 04).
+
+    The model is built on the "meta" device (no memory, no random initialisation: that alone
+    takes seconds for a 135M-parameter model) and the tensors are then put in place. Every
+    parameter must be in ``sd`` (the head may be left out when it is tied to the embeddings).
+    """
+    with torch.device("meta"):
+        model = LlamaModel(cfg)
+    expected = set(model.state_dict())
+    if cfg.tie_word_embeddings:
+        expected.discard("lm_head.weight")
+    missing, extra = sorted(expected - set(sd)), sorted(set(sd) - expected)
+    if missing or extra:
+        raise ValueError(f"weights do not match the config: missing {missing[:5]}, unexpected "
+                         f"{extra[:5]}")
+    for k in expected:
+        if tuple(sd[k].shape) != tuple(model.state_dict()[k].shape):
+            raise ValueError(f"tensor {k} has shape {tuple(sd[k].shape)} but the config implies "
+                             f"{tuple(model.state_dict()[k].shape)}")
+    model.load_state_dict({k: sd[k] for k in expected}, strict=False, assign=True)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.register_buffer("inv_freq", rope_frequencies(cfg), persistent=False)
     return model.to(dtype).eval()
 
 

