@@ -248,7 +248,7 @@ def awq_model(model: nn.Module, ids: torch.Tensor, bits: int = 4, group_size: in
               n_blocks: int | None = None, log: list | None = None):
     """AWQ on every decoder block, block by block on calibration windows ``ids`` (n, T)
     (lesson 07). Returns ``(quantized copy, seconds)``; ``log`` collects each block's alphas."""
-    cal.check_bits(bits)
+    cal.check_model(model, bits, group_size)
 
     def quantize_block(block, x, cos, sin):
         entry: dict = {}

@@ -91,8 +91,7 @@ def calibration_ids(model_name: str = "bundled", n_windows: int | None = None,
         return windows_from_ids(ids, n_windows or BUNDLED_WINDOWS, window or BUNDLED_WINDOW, seed)
     if model_name == "smollm2":
         from course_lib import smollm
-        calib, _ = smollm.texts()
-        ids = torch.tensor(smollm.tokenizer().encode(calib))                # (N,)
+        ids = smollm.calibration_ids()                                      # (N,)
         return windows_from_ids(ids, n_windows or 64, window or 512, seed)
     raise ValueError(f"unknown model {model_name!r}; known: 'bundled', 'smollm2'")
 
@@ -121,6 +120,7 @@ def fake_quant(w: torch.Tensor, bits: int, group_size: int, symmetric: bool = Tr
     """Round-to-nearest of w (out, in) in groups of ``group_size`` columns, dequantized: equal
     to ``quant.fake_quantize(w, f"int{bits}", "per_group", group_size, symmetric)`` (fp32)."""
     out_f, in_f = w.shape
+    check_group_size(in_f, group_size)
     wg = w.float().reshape(out_f, in_f // group_size, group_size)           # (out, G, gs)
     scale, zero = group_params(wg, bits, symmetric)                         # (out, G)
     q = quantize_with(wg, scale[..., None], None if zero is None else zero[..., None], bits)
@@ -189,6 +189,18 @@ def check_group_size(in_features: int, group_size: int) -> int:
         raise ValueError(f"group_size {group_size} does not divide the layer's {in_features} "
                          f"inputs; group sizes that do: {divs[:16]}")
     return group_size
+
+
+def check_model(model: nn.Module, bits: int, group_size: int) -> None:
+    """Refuse bits outside 2..8 and a group size that does not divide every block Linear's
+    inputs, before any work is done."""
+    check_bits(bits)
+    for block in model.model.layers:
+        for name, lin in linears(block).items():
+            try:
+                check_group_size(lin.in_features, group_size)
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
 
 
 def rtn_linear(linear: nn.Linear, bits: int = 4, group_size: int = 128, symmetric: bool = True,
@@ -273,6 +285,7 @@ def rtn_model(model: nn.Module, bits: int = 4, group_size: int = 128, symmetric:
               scale_dtype: torch.dtype = torch.float32, n_blocks: int | None = None):
     """Round-to-nearest on every Linear of the decoder blocks (not the head), as GroupQuantLinear
     (so it can be exported like GPTQ and AWQ). Returns a quantized copy."""
+    check_model(model, bits, group_size)
     model = copy.deepcopy(model)
     for block in list(model.model.layers)[:n_blocks]:
         for name, lin in linears(block).items():

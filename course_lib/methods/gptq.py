@@ -243,7 +243,7 @@ def gptq_model(model: nn.Module, ids: torch.Tensor, bits: int = 4, group_size: i
                batch_size: int = 16, progress: bool = False, n_blocks: int | None = None):
     """GPTQ on every Linear of the decoder blocks (the head and embeddings stay), block by block
     on calibration windows ``ids`` (n, T) (lesson 06). Returns ``(quantized copy, seconds)``."""
-    cal.check_bits(bits)
+    cal.check_model(model, bits, group_size)
 
     def quantize_block(block, x, cos, sin):
         Hs = block_hessians(block, x, cos, sin, batch_size)
