@@ -119,6 +119,18 @@ def search_scale(lins: list[nn.Linear], magnitude: torch.Tensor, run, bits: int 
     return best[2], best[1], errors
 
 
+def folded(prev_weight: torch.Tensor, weights: list[torch.Tensor], s: torch.Tensor):
+    """The folding arithmetic (lesson 07): an RMSNorm weight (in,) divided by s, and each
+    following Linear's weight (out, in) with its input columns multiplied by s. Returns
+    (new norm weight, (new weights, ...))."""
+    if prev_weight.shape != s.shape or any(W.dim() != 2 or W.shape[1] != s.shape[0]
+                                           for W in weights):
+        raise ValueError(f"s ({tuple(s.shape)}) must match the norm weight "
+                         f"({tuple(prev_weight.shape)}) and each weight's inputs "
+                         f"{[tuple(W.shape) for W in weights]}")
+    return prev_weight / s, tuple(W * s[None, :] for W in weights)
+
+
 def fold_scale(prev: nn.Module, lins: list[nn.Linear], s: torch.Tensor) -> None:
     """Divide what ``prev`` outputs by s and multiply the Linears' input columns by s, in place
     (lesson 07). prev: an RMSNorm (its weight) or a Linear (its output rows and bias).

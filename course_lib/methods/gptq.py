@@ -45,8 +45,28 @@ def accumulate_hessian(H: torch.Tensor | None, n_seen: int, x: torch.Tensor):
 
 
 def hessian(x: torch.Tensor) -> torch.Tensor:
-    """H = 2 X X^T / N from inputs x (N, in) in one go (lesson 06): (in, in) fp32."""
+    """H = 2 X X^T / N from inputs x (N, in) in one go (lesson 06): (in, in) fp32.
+
+    X here is (in, N), one column per token, as in the paper; with the tokens as rows of x
+    that is 2 x^T x / N."""
+    if x.dim() < 2 or x.shape[0] == 0:
+        raise ValueError(f"x must hold layer inputs as rows, shape (tokens, in_features); got "
+                         f"{tuple(x.shape)} (use x[None] for a single token)")
     return accumulate_hessian(None, 0, x)[0]
+
+
+def dampen(H: torch.Tensor, damp: float = 0.01) -> torch.Tensor:
+    """A copy of H with dead inputs (zero diagonal) given H[j, j] = 1, then damp * mean(diag H)
+    added to the diagonal (lesson 06), so that H can be inverted."""
+    if H.dim() != 2 or H.shape[0] != H.shape[1]:
+        raise ValueError(f"H must be square (in, in); got {tuple(H.shape)}")
+    if not damp >= 0:
+        raise ValueError(f"damp must be >= 0 (a fraction of the mean diagonal, e.g. 0.01); "
+                         f"got {damp}")
+    H = H.clone()
+    dead = torch.diag(H) == 0                                                # (in,)
+    H[dead, dead] = 1
+    return H + damp * torch.mean(torch.diag(H)) * torch.eye(H.shape[0], dtype=H.dtype)
 
 
 def prepare(W: torch.Tensor, H: torch.Tensor, damp: float = 0.01):
@@ -65,12 +85,9 @@ def prepare(W: torch.Tensor, H: torch.Tensor, damp: float = 0.01):
         raise ValueError(f"damp must be >= 0 (a fraction of the mean diagonal, e.g. 0.01); "
                          f"got {damp}")
     dt = torch.float64 if W.dtype == torch.float64 else torch.float32
-    W, H = W.to(dt).clone(), H.to(dt).clone()
-    dead = torch.diag(H) == 0                                                # (in,)
-    H[dead, dead] = 1
-    W[:, dead] = 0
-    H += damp * torch.mean(torch.diag(H)) * torch.eye(H.shape[0], dtype=dt)
-    return W, H
+    W, H = W.to(dt).clone(), H.to(dt)
+    W[:, torch.diag(H) == 0] = 0                                             # dead inputs
+    return W, dampen(H, damp)
 
 
 def inverse_cholesky(H: torch.Tensor) -> torch.Tensor:
