@@ -37,7 +37,7 @@ def accumulate_hessian(H: torch.Tensor | None, n_seen: int, x: torch.Tensor):
     x = x.reshape(-1, x.shape[-1]).float()                                   # (b, in)
     b = x.shape[0]
     if H is None:
-        H = torch.zeros(x.shape[1], x.shape[1])
+        H = torch.zeros(x.shape[1], x.shape[1], device=x.device)
     if b == 0:
         return H, n_seen
     H = H * (n_seen / (n_seen + b)) + (2.0 / (n_seen + b)) * (x.T @ x)      # (in, in)
@@ -66,7 +66,8 @@ def dampen(H: torch.Tensor, damp: float = 0.01) -> torch.Tensor:
     H = H.clone()
     dead = torch.diag(H) == 0                                                # (in,)
     H[dead, dead] = 1
-    return H + damp * torch.mean(torch.diag(H)) * torch.eye(H.shape[0], dtype=H.dtype)
+    return H + damp * torch.mean(torch.diag(H)) * torch.eye(H.shape[0], dtype=H.dtype,
+                                                            device=H.device)
 
 
 def prepare(W: torch.Tensor, H: torch.Tensor, damp: float = 0.01):
@@ -158,7 +159,7 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4, group_size: i
     W, H = prepare(W, H, damp)
     out_f, in_f = W.shape
     G = in_f // group_size
-    perm = torch.arange(in_f)
+    perm = torch.arange(in_f, device=W.device)
     static = None
     if act_order:       # group scales from the original weight, before any column moves
         static = [cal.group_params(W[:, g * group_size:(g + 1) * group_size], bits, symmetric)
@@ -172,9 +173,10 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4, group_size: i
         U = inverse_cholesky(H)                                              # (in, in)
         if cache is not None:
             cache[key] = U
-    codes = torch.zeros(out_f, in_f, dtype=torch.int8 if symmetric else torch.uint8)
-    scale = torch.zeros(out_f, G, dtype=scale_dtype)
-    zero = None if symmetric else torch.zeros(out_f, G, dtype=torch.int32)
+    dev = W.device
+    codes = torch.zeros(out_f, in_f, dtype=torch.int8 if symmetric else torch.uint8, device=dev)
+    scale = torch.zeros(out_f, G, dtype=scale_dtype, device=dev)
+    zero = None if symmetric else torch.zeros(out_f, G, dtype=torch.int32, device=dev)
     if static is not None:
         for g, (s, z) in enumerate(static):
             scale[:, g] = s.to(scale_dtype)
@@ -279,3 +281,34 @@ def output_error(W: torch.Tensor, W_q: torch.Tensor, x: torch.Tensor) -> float:
     """Relative output error ||W X - W' X|| / ||W X|| on inputs x (N, in) (lesson 06)."""
     ref = x.float() @ W.float().T                                            # (N, out)
     return float((ref - x.float() @ W_q.float().T).norm() / ref.norm().clamp_min(1e-30))
+
+
+def benchmark_layer(d: int = 4096, n_tokens: int = 32 * 2048, bits: int = 4,
+                    group_size: int = 128, device: str | None = None, seed: int = 0) -> dict:
+    """Time GPTQ on one random d x d layer with ``n_tokens`` calibration tokens (lesson 06): the
+    Hessian (accumulated in batches of 2048 tokens) and the quantization, in seconds. A
+    benchmark to run by hand, not a test: ``python -m course_lib.methods.gptq``. The paper
+    quantized a 175B model in about four GPU hours."""
+    import time
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    g = torch.Generator(device=dev).manual_seed(seed)
+    W = torch.randn(d, d, generator=g, device=dev) * 0.02
+    t0 = time.perf_counter()
+    H, n = None, 0
+    for _ in range(0, n_tokens, 2048):
+        x = torch.randn(2048, d, generator=g, device=dev)                   # (2048, d)
+        xf = x.float()
+        H = torch.zeros(d, d, device=dev) if H is None else H
+        H = H * (n / (n + 2048)) + (2.0 / (n + 2048)) * (xf.T @ xf)
+        n += 2048
+    t1 = time.perf_counter()
+    codes, scale, zero = gptq_quantize(W, H, bits, group_size)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return {"device": str(dev), "d": d, "n_tokens": n, "hessian_s": round(t1 - t0, 2),
+            "quantize_s": round(t2 - t1, 2), "threads": torch.get_num_threads()}
+
+
+if __name__ == "__main__":
+    print(benchmark_layer())
