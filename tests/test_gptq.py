@@ -199,3 +199,19 @@ def test_fast_group_rounding_equals_the_quant_module(bits, gs, sym):
     W[1] = W[1].abs()                                                        # a one-sided row
     assert torch.equal(cal.fake_quant(W, bits, gs, sym),
                        quant.fake_quantize(W, f"int{bits}", "per_group", gs, sym))
+
+
+def test_block_hessians_equal_each_linears_own_inputs(model):
+    """Shared inputs (q/k/v, gate/up) share one H; other Linears never get a neighbour's H
+    (a freed input's memory can be reused by the next input of the same shape)."""
+    ids = cal.calibration_ids("bundled", 4, 256)
+    acts = activations.capture_linear_inputs(model, ids)
+    cos, sin = model.rope(0, 256)
+    for trial in range(2):
+        Hs = gptq.block_hessians(model.model.layers[0], model.model.embed_tokens(ids), cos, sin,
+                                 batch_size=1)
+        assert Hs["self_attn.q_proj"] is Hs["self_attn.v_proj"]
+        assert Hs["mlp.gate_proj"] is Hs["mlp.up_proj"]
+        for name, H in Hs.items():
+            assert torch.allclose(H, gptq.hessian(acts[f"model.layers.0.{name}"]),
+                                  rtol=1e-4, atol=1e-4), name

@@ -232,15 +232,15 @@ def block_hessians(block: nn.Module, x: torch.Tensor, cos, sin, batch_size: int 
     """
     lins = cal.linears(block)
     Hs: dict[str, list] = {}
-    last = {"key": None, "name": None}
+    last = {"x": None, "name": None}   # the tensor itself, held: a freed tensor's address can
+                                       # be reused by the next input of the same shape
 
     def hook(mod, inputs, name):
         xin = inputs[0]
-        key = (xin.data_ptr(), tuple(xin.shape))
-        if key == last["key"]:                 # same input as the Linear hooked just before
+        if xin is last["x"]:                   # same input as the Linear hooked just before
             Hs[name] = Hs[last["name"]]
             return
-        last.update(key=key, name=name)
+        last.update(x=xin, name=name)
         H, n = Hs.get(name, [None, 0])
         Hs[name] = list(accumulate_hessian(H, n, xin))
 
@@ -248,7 +248,7 @@ def block_hessians(block: nn.Module, x: torch.Tensor, cos, sin, batch_size: int 
                for n, m in lins.items()]
     try:
         for i in range(0, x.shape[0], batch_size):
-            last.update(key=None, name=None)
+            last.update(x=None, name=None)
             block(x[i:i + batch_size], cos, sin)
     finally:
         for h in handles:
