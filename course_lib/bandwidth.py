@@ -8,6 +8,9 @@ datasheet gives a GPU's peak; this module measures what a plain copy reaches her
 - GPU (only when CUDA exists): a device-to-device ``copy_`` timed with CUDA events.
 
 A copy reads ``n`` bytes and writes ``n`` bytes, so each copy counts ``2 n`` bytes moved.
+``measure_read_bandwidth`` only reads (a sum over the tensor), as a GEMV does with its
+weights: a read stream often runs faster than a copy, so a GEMV can pass 100% of the copy
+figure, and "% of read bandwidth" is the fairer yardstick for it (lesson 10).
 After a warm-up (first touch of the pages, clock ramp-up) we keep the median of the
 repeats: one noisy sample (another process, an interrupt) does not move it.
 """
@@ -138,4 +141,58 @@ def measure_copy_bandwidth(device: str = "auto", size_mb: float | None = None,
     return _measure_cpu(size_mb, repeats, warmup)
 
 
-__all__ = ["BandwidthResult", "measure_copy_bandwidth"]
+def _measure_read(size_mb: float, repeats: int, warmup: int, device: str) -> BandwidthResult:
+    import torch
+
+    n = max(1, int(size_mb * MB) // 4)
+    src = torch.ones(n, dtype=torch.float32, device=device)             # (n,) pages touched
+    nbytes = n * 4
+    cuda = device.startswith("cuda")
+    for _ in range(warmup):
+        src.sum()
+    samples = []
+    for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            src.sum()
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            src.sum()
+            seconds = time.perf_counter() - t0
+        samples.append(nbytes / seconds / 1e9)
+    name = torch.cuda.get_device_name(0) if cuda else _cpu_name()
+    del src
+    if cuda:
+        torch.cuda.empty_cache()
+    return BandwidthResult("cuda:0" if cuda else "cpu", name, nbytes, nbytes, samples)
+
+
+def measure_read_bandwidth(device: str = "auto", size_mb: float | None = None,
+                           repeats: int = 7, warmup: int = 2) -> BandwidthResult:
+    """Measure read-only bandwidth: ``src.sum()`` over a large tensor (lesson 10).
+
+    Counts ``n`` bytes per pass (nothing is written but one number). Same defaults and
+    checks as ``measure_copy_bandwidth``.
+    """
+    import torch
+
+    if device not in ("auto", "cpu", "cuda", "cuda:0"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        from course_lib.device import require_gpu
+
+        require_gpu("measure_read_bandwidth(device='cuda')")
+        size_mb, repeats, warmup = _check(1024 if size_mb is None else size_mb, repeats, warmup)
+        return _measure_read(size_mb, repeats, warmup, "cuda")
+    size_mb, repeats, warmup = _check(256 if size_mb is None else size_mb, repeats, warmup)
+    return _measure_read(size_mb, repeats, warmup, "cpu")
+
+
+__all__ = ["BandwidthResult", "measure_copy_bandwidth", "measure_read_bandwidth"]

@@ -99,7 +99,10 @@ def nf4_levels() -> np.ndarray:
     return levels.astype(np.float64)
 
 
-# ---- the spec -----------------------------------------------------------------------------
+# ---- the spec: layout and facts ------------------------------------------------------------
+# A FormatSpec holds the layout and answers questions about it (largest value, step near 1,
+# how to split a pattern into fields). Decoding, encoding and describing are the module
+# functions in the next three sections; the spec's methods are one-line calls to them.
 
 @dataclass(frozen=True)
 class FormatSpec:
@@ -262,122 +265,18 @@ class FormatSpec:
                              f"0 .. {(1 << self.bits) - 1}, got {int(b.min())} .. {int(b.max())}")
         return b
 
-    # -- decode ---------------------------------------------------------------------------
+    # -- the codec: one-line methods over the module functions below -----------------------
     def decode(self, bits) -> np.ndarray:
-        """Bit patterns -> values (float64 array of the same shape)."""
-        b = self._check_bits(bits)
-        if self.kind == "int":
-            return np.where(b > self.int_max, b - (1 << self.bits), b).astype(np.float64)
-        if self.kind == "lut":
-            return np.asarray(self.levels, dtype=np.float64)[b]
-        return self._decode_float(b)
+        """Bit patterns -> values (float64 array of the same shape); see ``decode``."""
+        return decode(self, bits)
 
-    def _decode_float(self, b: np.ndarray) -> np.ndarray:
-        sign, e, m = self.fields(b)
-        mbits = self.mantissa_bits
-        normal = (e > 0) | (not self.subnormals)
-        # normal: 1.m x 2^(e - bias)  = (2^M + m) x 2^(e - bias - M)
-        # subnormal (e = 0): 0.m x 2^emin = m x 2^(emin - M)
-        significand = np.where(normal, (1 << mbits) + m, m).astype(np.float64)
-        exponent = np.where(normal, e - self.bias, self.emin) - mbits
-        value = np.ldexp(significand, exponent.astype(np.int64))
-        e_all, m_all = (1 << self.exponent_bits) - 1, (1 << mbits) - 1
-        if self.specials == "ieee":
-            value = np.where(e == e_all, np.where(m == 0, np.inf, np.nan), value)
-        elif self.specials == "fn":
-            value = np.where((e == e_all) & (m == m_all), np.nan, value)
-        elif self.specials == "e8m0":
-            value = np.where(e == e_all, np.nan, value)
-        return np.where(sign == 1, -value, value)
-
-    # -- encode ---------------------------------------------------------------------------
     def encode(self, x) -> np.ndarray:
-        """Values -> bit patterns (``code_dtype`` array of x's shape); round to nearest even.
+        """Values -> bit patterns, round to nearest even; see ``encode``."""
+        return encode(self, x)
 
-        Follows the format's overflow rule (see the module docstring); raises ``ValueError``
-        for NaN where the format has no NaN, and for negative numbers in E8M0 (which has no
-        sign bit; UINT4 saturates them to 0 like any out-of-range integer).
-        """
-        x = _as_float64(x)
-        nan = np.isnan(x)
-        if nan.any() and not self.has_nan:
-            raise ValueError(f"{self.name} has no NaN, and the input holds {int(nan.sum())} NaN "
-                             f"value(s): remove or replace them (e.g. np.nan_to_num) first")
-        if not self.signed and np.any(x[~nan] < 0) and self.kind != "int":
-            raise ValueError(f"{self.name} has no sign bit and stores positive numbers only; "
-                             f"got a minimum of {float(np.nanmin(x))}")
-        if self.kind == "int":
-            codes = np.clip(np.rint(x), self.int_min, self.int_max).astype(np.int64)
-            return (codes & ((1 << self.bits) - 1)).astype(self.code_dtype)
-        if self.kind == "lut":
-            return self._encode_lut(x)
-        return self._encode_float(x)
-
-    def _encode_lut(self, x: np.ndarray) -> np.ndarray:
-        levels = np.asarray(self.levels, dtype=np.float64)                # (L,) ascending
-        xc = np.clip(x, levels[0], levels[-1])                             # saturate
-        lo = np.clip(np.searchsorted(levels, xc, side="right") - 1, 0, len(levels) - 1)
-        hi = np.minimum(lo + 1, len(levels) - 1)
-        d_lo, d_hi = xc - levels[lo], levels[hi] - xc
-        take_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0))         # ties: even code
-        return np.where(take_hi, hi, lo).astype(self.code_dtype)
-
-    def _round_magnitude(self, a: np.ndarray) -> np.ndarray:
-        """Round finite magnitudes a >= 0 to the format's grid, ignoring the top of the range.
-
-        Step 1: the exponent e = floor(log2 a), no smaller than emin (below it the subnormal
-        spacing holds). Step 2: the grid spacing there is 2^(e - M). Step 3: a / spacing
-        rounded to the nearest integer, ties to even (np.rint), times the spacing.
-        A carry out of the mantissa (1.111.. rounding up to 10.000..) lands on the next
-        power of two by itself.
-        """
-        _, k = np.frexp(a)                                # a = f * 2^k, 0.5 <= f < 1
-        e = np.maximum(k - 1, self.emin)                  # floor(log2 a), clamped
-        quantum_exp = e - self.mantissa_bits              # spacing is 2^quantum_exp
-        n = np.rint(np.ldexp(a, -quantum_exp))            # exact scaling, then RNE
-        r = np.ldexp(n, quantum_exp)
-        if not self.subnormals:                           # no zero (E8M0): smallest value
-            r = np.maximum(r, self.smallest_normal)
-        return r
-
-    def _encode_float(self, x: np.ndarray) -> np.ndarray:
-        nan = np.isnan(x)
-        negative = np.signbit(x) & ~nan if self.sign_bits else np.zeros(x.shape, bool)
-        a = np.abs(np.where(nan, 0.0, x))
-        finite = np.isfinite(a)
-        r = self._round_magnitude(np.where(finite, a, 0.0))
-        over = ~finite | (r > self.max_value)                  # the overflow rule applies
-        as_inf = over if self.overflow == "inf" else np.zeros(x.shape, bool)
-        as_nan = nan | over if self.overflow == "nan" else nan
-        if self.overflow == "saturate":
-            r = np.where(over, self.max_value, r)              # clamp to the largest value
-        else:
-            r = np.where(over, 0.0, r)                         # placeholder, replaced below
-        bits = self._pack_finite(r)
-        mbits, e_all = self.mantissa_bits, (1 << self.exponent_bits) - 1
-        if self.has_inf:
-            bits = np.where(as_inf, e_all << mbits, bits)
-        if as_nan.any():
-            bits = np.where(as_nan, self.nan_bits, bits)
-        sign_shift = self.exponent_bits + mbits
-        bits = np.where(negative & ~as_nan, bits | (1 << sign_shift), bits)
-        return bits.astype(self.code_dtype)
-
-    def _pack_finite(self, r: np.ndarray) -> np.ndarray:
-        """Exact representable magnitudes r >= 0 -> (exponent field, mantissa field) bits."""
-        mbits = self.mantissa_bits
-        _, k = np.frexp(r)
-        e = k - 1                                                  # floor(log2 r) for r > 0
-        sub = (r < self.smallest_normal) if self.subnormals else np.zeros(r.shape, bool)
-        e_field = np.where(sub, 0, e + self.bias)
-        mant = np.where(sub, np.ldexp(r, mbits - self.emin),       # r / 2^(emin - M)
-                        np.ldexp(r, mbits - e) - (1 << mbits))     # r / 2^(e - M) - 2^M
-        return (e_field.astype(np.int64) << mbits) | mant.astype(np.int64)
-
-    # -- convenience ------------------------------------------------------------------------
     def round(self, x) -> np.ndarray:
         """Nearest representable value (float64 array): ``decode(encode(x))``."""
-        return self.decode(self.encode(x))
+        return decode(self, encode(self, x))
 
     def values(self) -> np.ndarray:
         """Every distinct finite value, sorted (float64). Formats of up to 16 bits only."""
@@ -389,43 +288,175 @@ class FormatSpec:
         return np.where(v == 0, 0.0, v)                  # one zero, +0.0 (not -0.0)
 
     def describe(self, bits: int) -> dict:
-        """Everything about one bit pattern, for lesson 01's explorer: fields, class, value.
+        """Everything about one bit pattern (lesson 01's explorer); see ``describe_pattern``."""
+        return describe_pattern(self, bits)
 
-        Keys: bits, bit_string, sign, exponent_field, exponent (unbiased), mantissa_field,
-        category ("zero", "subnormal", "normal", "inf", "nan", "integer", "level"), value,
-        formula (how the value is computed, in words and numbers).
-        """
-        b = int(bits)
-        value = float(self.decode(np.array(b)))
-        s, e, m = (int(v) for v in self.fields(np.array(b)))
-        out = dict(bits=b, bit_string=self.bit_string(b), sign=s, exponent_field=e,
-                   exponent=None, mantissa_field=m, value=value)
-        if self.kind == "int":
-            lead = f"two's complement: {self.bit_string(b)} = {int(value)}" if self.signed \
-                else f"unsigned: {self.bit_string(b)} = {int(value)}"
-            return dict(out, category="integer", formula=lead)
-        if self.kind == "lut":
-            return dict(out, category="level",
-                        formula=f"code {b} looks up level {b} of {len(self.levels)}: {value:.8g}")
-        mb = self.mantissa_bits
-        sign_txt = f"(-1)^{s} x " if self.sign_bits else ""
-        if np.isnan(value):
-            return dict(out, category="nan", formula="NaN: a special pattern, not a number")
-        if np.isinf(value):
-            return dict(out, category="inf", formula="all-ones exponent, zero mantissa: infinity")
-        mant_txt = format(m, f"0{mb}b") if mb else ""
-        if e == 0 and self.subnormals:
-            cat = "zero" if m == 0 else "subnormal"
-            formula = (f"{sign_txt}0.{mant_txt or '0'}b x 2^{self.emin} "
-                       f"(exponent field 0: subnormal, exponent fixed at 1 - bias) = {value:.8g}")
-            return dict(out, exponent=self.emin, category=cat, formula=formula)
-        exp = e - self.bias
-        if mb == 0:                                      # E8M0: a bare power of two
-            formula = f"2^({e} - {self.bias}) = 2^{exp} = {value:.8g}"
-            return dict(out, exponent=exp, category="normal", formula=formula)
-        formula = (f"{sign_txt}1.{mant_txt or '0'}b x 2^({e} - {self.bias}) = "
-                   f"{sign_txt}{1 + m / (1 << mb) if mb else 1:.8g} x 2^{exp} = {value:.8g}")
+
+# ---- decoding: bits -> values -------------------------------------------------------------
+
+def decode(spec: FormatSpec, bits) -> np.ndarray:
+    """Bit patterns -> values (float64 array of the same shape) (lesson 01)."""
+    b = spec._check_bits(bits)
+    if spec.kind == "int":
+        return np.where(b > spec.int_max, b - (1 << spec.bits), b).astype(np.float64)
+    if spec.kind == "lut":
+        return np.asarray(spec.levels, dtype=np.float64)[b]
+    return decode_float(spec, b)
+
+
+def decode_float(spec: FormatSpec, b: np.ndarray) -> np.ndarray:
+    """Float bit patterns -> values: sign x 1.m x 2^(e - bias), subnormals, specials (lesson 01)."""
+    sign, e, m = spec.fields(b)
+    mbits = spec.mantissa_bits
+    normal = (e > 0) | (not spec.subnormals)
+    # normal: 1.m x 2^(e - bias)  = (2^M + m) x 2^(e - bias - M)
+    # subnormal (e = 0): 0.m x 2^emin = m x 2^(emin - M)
+    significand = np.where(normal, (1 << mbits) + m, m).astype(np.float64)
+    exponent = np.where(normal, e - spec.bias, spec.emin) - mbits
+    value = np.ldexp(significand, exponent.astype(np.int64))
+    e_all, m_all = (1 << spec.exponent_bits) - 1, (1 << mbits) - 1
+    if spec.specials == "ieee":
+        value = np.where(e == e_all, np.where(m == 0, np.inf, np.nan), value)
+    elif spec.specials == "fn":
+        value = np.where((e == e_all) & (m == m_all), np.nan, value)
+    elif spec.specials == "e8m0":
+        value = np.where(e == e_all, np.nan, value)
+    return np.where(sign == 1, -value, value)
+
+
+# ---- encoding: values -> bits, round to nearest even --------------------------------------
+
+def encode(spec: FormatSpec, x) -> np.ndarray:
+    """Values -> bit patterns (``code_dtype`` array of x's shape); round to nearest even.
+
+    Follows the format's overflow rule (see the module docstring); raises ``ValueError``
+    for NaN where the format has no NaN, and for negative numbers in E8M0 (which has no
+    sign bit; UINT4 saturates them to 0 like any out-of-range integer).
+    """
+    x = _as_float64(x)
+    nan = np.isnan(x)
+    if nan.any() and not spec.has_nan:
+        raise ValueError(f"{spec.name} has no NaN, and the input holds {int(nan.sum())} NaN "
+                         f"value(s): remove or replace them (e.g. np.nan_to_num) first")
+    if not spec.signed and np.any(x[~nan] < 0) and spec.kind != "int":
+        raise ValueError(f"{spec.name} has no sign bit and stores positive numbers only; "
+                         f"got a minimum of {float(np.nanmin(x))}")
+    if spec.kind == "int":
+        codes = np.clip(np.rint(x), spec.int_min, spec.int_max).astype(np.int64)
+        return (codes & ((1 << spec.bits) - 1)).astype(spec.code_dtype)
+    if spec.kind == "lut":
+        return encode_lut(spec, x)
+    return encode_float(spec, x)
+
+
+def round_magnitude(spec: FormatSpec, a: np.ndarray) -> np.ndarray:
+    """Round finite magnitudes a >= 0 to the format's grid, ignoring the top of the range.
+
+    Step 1: the exponent e = floor(log2 a), no smaller than emin (below it the subnormal
+    spacing holds). Step 2: the grid spacing there is 2^(e - M). Step 3: a / spacing
+    rounded to the nearest integer, ties to even (np.rint), times the spacing.
+    A carry out of the mantissa (1.111.. rounding up to 10.000..) lands on the next
+    power of two by itself.
+    """
+    _, k = np.frexp(a)                                # a = f * 2^k, 0.5 <= f < 1
+    e = np.maximum(k - 1, spec.emin)                  # floor(log2 a), clamped
+    quantum_exp = e - spec.mantissa_bits              # spacing is 2^quantum_exp
+    n = np.rint(np.ldexp(a, -quantum_exp))            # exact scaling, then RNE
+    r = np.ldexp(n, quantum_exp)
+    if not spec.subnormals:                           # no zero (E8M0): smallest value
+        r = np.maximum(r, spec.smallest_normal)
+    return r
+
+
+def encode_float(spec: FormatSpec, x: np.ndarray) -> np.ndarray:
+    """Values -> float bit patterns: round the magnitude, apply the overflow rule, pack the
+    fields, set NaN/inf patterns and the sign (lesson 01)."""
+    nan = np.isnan(x)
+    negative = np.signbit(x) & ~nan if spec.sign_bits else np.zeros(x.shape, bool)
+    a = np.abs(np.where(nan, 0.0, x))
+    finite = np.isfinite(a)
+    r = round_magnitude(spec, np.where(finite, a, 0.0))
+    over = ~finite | (r > spec.max_value)                  # the overflow rule applies
+    as_inf = over if spec.overflow == "inf" else np.zeros(x.shape, bool)
+    as_nan = nan | over if spec.overflow == "nan" else nan
+    if spec.overflow == "saturate":
+        r = np.where(over, spec.max_value, r)              # clamp to the largest value
+    else:
+        r = np.where(over, 0.0, r)                         # placeholder, replaced below
+    bits = pack_finite(spec, r)
+    mbits, e_all = spec.mantissa_bits, (1 << spec.exponent_bits) - 1
+    if spec.has_inf:
+        bits = np.where(as_inf, e_all << mbits, bits)
+    if as_nan.any():
+        bits = np.where(as_nan, spec.nan_bits, bits)
+    sign_shift = spec.exponent_bits + mbits
+    bits = np.where(negative & ~as_nan, bits | (1 << sign_shift), bits)
+    return bits.astype(spec.code_dtype)
+
+
+def pack_finite(spec: FormatSpec, r: np.ndarray) -> np.ndarray:
+    """Exact representable magnitudes r >= 0 -> (exponent field, mantissa field) bits."""
+    mbits = spec.mantissa_bits
+    _, k = np.frexp(r)
+    e = k - 1                                                  # floor(log2 r) for r > 0
+    sub = (r < spec.smallest_normal) if spec.subnormals else np.zeros(r.shape, bool)
+    e_field = np.where(sub, 0, e + spec.bias)
+    mant = np.where(sub, np.ldexp(r, mbits - spec.emin),       # r / 2^(emin - M)
+                    np.ldexp(r, mbits - e) - (1 << mbits))     # r / 2^(e - M) - 2^M
+    return (e_field.astype(np.int64) << mbits) | mant.astype(np.int64)
+
+
+def encode_lut(spec: FormatSpec, x: np.ndarray) -> np.ndarray:
+    """Values -> the nearest level's code (ties to the even code), saturating (NF4)."""
+    levels = np.asarray(spec.levels, dtype=np.float64)                # (L,) ascending
+    xc = np.clip(x, levels[0], levels[-1])                             # saturate
+    lo = np.clip(np.searchsorted(levels, xc, side="right") - 1, 0, len(levels) - 1)
+    hi = np.minimum(lo + 1, len(levels) - 1)
+    d_lo, d_hi = xc - levels[lo], levels[hi] - xc
+    take_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0))         # ties: even code
+    return np.where(take_hi, hi, lo).astype(spec.code_dtype)
+
+
+# ---- describing one pattern (lesson 01's explorer) ----------------------------------------
+
+def describe_pattern(spec: FormatSpec, bits: int) -> dict:
+    """Everything about one bit pattern, for lesson 01's explorer: fields, class, value.
+
+    Keys: bits, bit_string, sign, exponent_field, exponent (unbiased), mantissa_field,
+    category ("zero", "subnormal", "normal", "inf", "nan", "integer", "level"), value,
+    formula (how the value is computed, in words and numbers).
+    """
+    b = int(bits)
+    value = float(decode(spec, np.array(b)))
+    s, e, m = (int(v) for v in spec.fields(np.array(b)))
+    out = dict(bits=b, bit_string=spec.bit_string(b), sign=s, exponent_field=e,
+               exponent=None, mantissa_field=m, value=value)
+    if spec.kind == "int":
+        lead = f"two's complement: {spec.bit_string(b)} = {int(value)}" if spec.signed \
+            else f"unsigned: {spec.bit_string(b)} = {int(value)}"
+        return dict(out, category="integer", formula=lead)
+    if spec.kind == "lut":
+        return dict(out, category="level",
+                    formula=f"code {b} looks up level {b} of {len(spec.levels)}: {value:.8g}")
+    mb = spec.mantissa_bits
+    sign_txt = f"(-1)^{s} x " if spec.sign_bits else ""
+    if np.isnan(value):
+        return dict(out, category="nan", formula="NaN: a special pattern, not a number")
+    if np.isinf(value):
+        return dict(out, category="inf", formula="all-ones exponent, zero mantissa: infinity")
+    mant_txt = format(m, f"0{mb}b") if mb else ""
+    if e == 0 and spec.subnormals:
+        cat = "zero" if m == 0 else "subnormal"
+        formula = (f"{sign_txt}0.{mant_txt or '0'}b x 2^{spec.emin} "
+                   f"(exponent field 0: subnormal, exponent fixed at 1 - bias) = {value:.8g}")
+        return dict(out, exponent=spec.emin, category=cat, formula=formula)
+    exp = e - spec.bias
+    if mb == 0:                                      # E8M0: a bare power of two
+        formula = f"2^({e} - {spec.bias}) = 2^{exp} = {value:.8g}"
         return dict(out, exponent=exp, category="normal", formula=formula)
+    formula = (f"{sign_txt}1.{mant_txt or '0'}b x 2^({e} - {spec.bias}) = "
+               f"{sign_txt}{1 + m / (1 << mb) if mb else 1:.8g} x 2^{exp} = {value:.8g}")
+    return dict(out, exponent=exp, category="normal", formula=formula)
 
 
 def explain_rounding(x: float, name: str) -> str:
@@ -523,6 +554,11 @@ def make_float_format(exponent_bits: int, mantissa_bits: int, bias: int | None =
     Like FP4 E2M1 and the MX FP6 formats (E3M2, E2M3): exponent field 0 holds zero and the
     subnormals; anything too big saturates. ``bias`` defaults to 2^(exponent_bits-1) - 1.
     """
+    for what, v in (("exponent_bits", exponent_bits), ("mantissa_bits", mantissa_bits)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise ValueError(f"{what} must be a whole number of bits, got {v!r}")
+    if bias is not None and (isinstance(bias, bool) or not isinstance(bias, (int, np.integer))):
+        raise ValueError(f"bias must be a whole number, got {bias!r}")
     if exponent_bits < 1 or mantissa_bits < 0 or exponent_bits + mantissa_bits > 15:
         raise ValueError(f"need exponent_bits >= 1, mantissa_bits >= 0 and at most 15 bits in "
                          f"all; got E{exponent_bits}M{mantissa_bits}")
@@ -561,6 +597,9 @@ def round_to_format(x, name: str):
     other arrays and lists come back as float64 arrays; a Python number as a Python float.
     """
     spec = get_format(name)
+    if isinstance(x, (str, bytes)):
+        raise ValueError(f"round_to_format rounds numbers, got the text {x!r}: convert it "
+                         f"with float() first")
     if hasattr(x, "detach"):
         import torch
 
@@ -687,6 +726,60 @@ def library_encode(x, name: str, library: str) -> np.ndarray:
     raise ValueError(f"library must be 'torch' or 'ml_dtypes', got {library!r}")
 
 
-__all__ = ["FORMAT_NAMES", "FormatSpec", "FormatTable", "get_format", "round_to_format",
+def _same_values(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise: equal, with the same sign of zero, or both NaN."""
+    return ((a == b) & (np.signbit(a) == np.signbit(b))) | (np.isnan(a) & np.isnan(b))
+
+
+def cross_check_decode(name: str) -> dict:
+    """Decode every bit pattern of ``name`` here and with torch and ml_dtypes (lesson 01).
+
+    Returns ``{library: number of patterns that differ}`` for each library that has the
+    format (-0.0 must match +0.0's sign; NaN equals NaN).
+    """
+    spec = get_format(name)
+    patterns = np.arange(1 << spec.bits)
+    ours = spec.decode(patterns)
+    report = {}
+    for lib in ("torch", "ml_dtypes"):
+        try:
+            with np.errstate(invalid="ignore"):
+                theirs = library_decode(patterns, name, lib)
+        except ValueError:
+            continue  # this library does not have this format
+        report[lib] = int((~_same_values(ours, theirs)).sum())
+    return report
+
+
+def cross_check_encode(name: str, n_random: int = 20_000, seed: int = 0) -> dict:
+    """Encode every value of ``name``, every midpoint between neighbours (the ties) and
+    ``n_random`` random values on many scales, here and with torch and ml_dtypes (lesson 01).
+
+    Returns ``{library: (n_differ, n_tried, smallest |x| where they differ or None)}``.
+    """
+    if isinstance(n_random, bool) or not isinstance(n_random, (int, np.integer)) or n_random < 0:
+        raise ValueError(f"n_random is a count >= 0, got {n_random!r}")
+    spec = get_format(name)
+    rng = np.random.default_rng(seed)
+    v = spec.values()
+    mids = (v[:-1] + v[1:]) / 2
+    randoms = rng.normal(0, 1, n_random) * np.exp(rng.uniform(-8, 8, n_random))
+    x = np.concatenate([v, mids, randoms]).astype(np.float32)
+    ours = spec.encode(x)
+    report = {}
+    for lib in ("torch", "ml_dtypes"):
+        try:
+            theirs = library_encode(x, name, lib)
+        except ValueError:
+            continue
+        differ = ours != theirs
+        first = float(np.abs(x[differ]).min()) if differ.any() else None
+        report[lib] = (int(differ.sum()), int(x.size), first)
+    return report
+
+
+__all__ = ["cross_check_decode", "cross_check_encode", "decode", "decode_float", "encode",
+           "round_magnitude", "encode_float", "pack_finite", "encode_lut", "describe_pattern",
+           "FORMAT_NAMES", "FormatSpec", "FormatTable", "get_format", "round_to_format",
            "format_table", "nf4_levels", "library_decode", "library_encode", "NF4_OFFSET",
            "make_float_format", "nonnegative_float_values", "explain_rounding"]

@@ -53,6 +53,24 @@ def _positive(name: str, value, allow_zero: bool = False) -> float:
     return value
 
 
+def _fraction(name: str, value) -> float:
+    """A share in (0, 1], or a ValueError saying so (2.0 would mean twice the GPU's memory)."""
+    value = _positive(name, value)
+    if value > 1:
+        raise ValueError(f"{name} is a share of the whole, in (0, 1] (0.9 = 90%); got {value:g}")
+    return value
+
+
+def _count(name: str, value) -> int:
+    """A whole number >= 0 (a token count may be 0), or a ValueError."""
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) \
+            or int(value) != value:
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be 0 or more, got {value}")
+    return int(value)
+
+
 def _positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, Real) or int(value) != value:
         raise ValueError(f"{name} must be a whole number, got {value!r}")
@@ -154,7 +172,7 @@ class GPU:
 
     def usable_gb(self, usable_fraction: float = USABLE_FRACTION) -> float:
         """Memory a serving engine may fill: ``memory_gb x usable_fraction`` (80 -> 72 GB)."""
-        return self.memory_gb * _positive("usable_fraction", usable_fraction)
+        return self.memory_gb * _fraction("usable_fraction", usable_fraction)
 
     def native_tflops(self, fmt: str) -> float | None:
         """Dense tensor-core rate for the maths of ``fmt``, or None if not native (lesson 12)."""
@@ -360,7 +378,14 @@ def kv_bytes_per_token_from_config(config: dict, bytes_per_value: float = 2.0) -
     if missing:
         raise ValueError(f"config lacks {missing}; it has {sorted(config)}")
     heads = _positive_int("num_attention_heads", config["num_attention_heads"])
-    kv_heads = config.get("num_key_value_heads") or heads
+    kv_heads = config.get("num_key_value_heads")
+    if kv_heads is None:
+        kv_heads = heads                            # plain multi-head attention
+    kv_heads = _positive_int("num_key_value_heads", kv_heads)
+    if heads % kv_heads:
+        raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads "
+                         f"{kv_heads}: grouped-query attention shares each KV head among a whole "
+                         f"number of query heads; check the config")
     head_dim = config.get("head_dim")
     if head_dim is None:
         if "hidden_size" not in config:
@@ -386,7 +411,7 @@ def model_kv_bytes_per_token(model, kv_format="bf16") -> float:
 
 def kv_cache_gb(model, tokens: int, kv_format="bf16") -> float:
     """KV cache in decimal GB for ``tokens`` tokens in total (all users together). Lesson 00."""
-    tokens = _positive("tokens", tokens, allow_zero=True)
+    tokens = _count("tokens", tokens)
     return model_kv_bytes_per_token(model, kv_format) * tokens / GB
 
 
@@ -400,9 +425,7 @@ def conversations_that_fit(gpu_memory_gb: float, usable_fraction: float, weight_
     holding 36.4 GB of INT4 group-128 weights -> 13.
     """
     memory = _positive("gpu_memory_gb", gpu_memory_gb)
-    fraction = _positive("usable_fraction", usable_fraction)
-    if fraction > 1:
-        raise ValueError(f"usable_fraction is a share of memory (0 to 1], got {fraction:g}")
+    fraction = _fraction("usable_fraction", usable_fraction)
     weights = _positive("weight_gb", weight_gb, allow_zero=True)
     per_conversation = (_positive("kv_bytes_per_token", kv_bytes_per_token)
                         * _positive("tokens_per_conversation", tokens_per_conversation))
@@ -435,9 +458,7 @@ def tokens_per_second_ceiling(weight_bytes: float, bandwidth_tbps: float, n_gpus
 
     Llama 3.1 8B in BF16 (16.06 GB) on an H100 -> 209 tokens/s at peak.
     """
-    efficiency = _positive("efficiency", efficiency)
-    if efficiency > 1:
-        raise ValueError(f"efficiency is a share of peak bandwidth (0 to 1], got {efficiency:g}")
+    efficiency = _fraction("efficiency", efficiency)
     return 1e3 / decode_floor_ms(weight_bytes, bandwidth_tbps * efficiency, n_gpus)
 
 
@@ -554,6 +575,9 @@ def gpus_per_replica(model, fmt="bf16", gpu="H100 SXM", batch: int = 1, context:
 
     Llama 3.1 70B on H100s: 4 in bf16, 2 in fp8.
     """
+    choices = [_positive_int("a tensor-parallel size in choices", n) for n in choices]
+    if not choices:
+        raise ValueError("choices is empty: give the tensor-parallel sizes to try, e.g. (1, 2, 4, 8)")
     for n in sorted(choices):
         if plan(model, fmt, gpu, batch, context, kv_format, n, workspace_gb,
                 usable_fraction).servable:
@@ -565,6 +589,9 @@ def decode_floor_table(bandwidth_tbps: float, models=None, formats=("bf16", "fp8
                        ) -> list[tuple[str, str, float, float]]:
     """Rows ``(model, format, floor_ms, tokens_per_s)`` for one user at ``bandwidth_tbps``
     (e.g. this machine's measured bandwidth; lesson 00). MoE models read their active weights."""
+    if not formats:
+        raise ValueError("formats is empty: name at least one, e.g. ('bf16', 'int4_g128')")
+    _positive("bandwidth_tbps", bandwidth_tbps)
     rows = []
     for name in models or MODELS:
         for fmt in formats:
@@ -585,6 +612,10 @@ def format_table(rows, headers) -> str:
         if isinstance(v, tuple):
             return ".".join(map(str, v))
         return str(v)
+    bad = [r for r in rows if len(r) != len(headers)]
+    if bad:
+        raise ValueError(f"format_table: {len(headers)} headers but a row has {len(bad[0])} "
+                         f"values: {bad[0]!r}")
     text = [[cell(v) for v in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in text)) for i, h in enumerate(headers)]
     line = lambda vals: "  ".join(v.ljust(w) if i == 0 else v.rjust(w)

@@ -43,7 +43,7 @@ __all__ = [
     "quantize_mxfp4", "dequantize_mxfp4", "quantize_nvfp4", "dequantize_nvfp4",
     "quantize_nf4", "dequantize_nf4", "nf4_levels",
     "mae", "rmse", "relative_rms_error", "sqnr_db", "synthetic_weights", "known_formats",
-    "divisors",
+    "divisors", "remove_outliers", "largest_group_within",
 ]
 
 # ---------------------------------------------------------------- numpy / torch helpers
@@ -153,8 +153,22 @@ def _check_finite(x, what: str = "x") -> None:
         f"(e.g. nan_to_num) before quantizing.")
 
 
+def _is_number(v) -> bool:
+    """A finite real number (not a bool)."""
+    return (not isinstance(v, bool) and isinstance(v, (int, float, np.integer, np.floating))
+            and math.isfinite(v))
+
+
+def _is_whole(v, minimum: int = 0) -> bool:
+    """A whole number >= ``minimum`` (ints, or floats such as 128.0; not bools)."""
+    return _is_number(v) and int(v) == v and v >= minimum
+
+
 def divisors(n: int) -> list[int]:
     """Every group size that divides a row of length ``n`` (lesson 03)."""
+    if not _is_whole(n, minimum=1):
+        raise ValueError(f"divisors needs a row length, a whole number >= 1; got {n!r}")
+    n = int(n)
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
@@ -487,15 +501,24 @@ def bits_per_weight(bits, group_size=None, scale_bits: int = 16, zero_bits: int 
     "q4_k_m", ...); for "nvfp4", ``n_elements`` adds the FP32 tensor scale amortised over
     the tensor. group_size None means one scale per tensor of ``n_elements`` (or none).
     """
+    if n_elements is not None and not _is_whole(n_elements, minimum=1):
+        raise ValueError(f"n_elements is the tensor's number of values, a whole number >= 1; "
+                         f"got {n_elements!r}")
     if isinstance(bits, str):
         if bits not in BLOCK_FORMAT_BITS:
             raise ValueError(f"unknown block format {bits!r}; known: {', '.join(BLOCK_FORMAT_BITS)}")
         extra = 32 / n_elements if (bits == "nvfp4" and n_elements) else 0.0
         return BLOCK_FORMAT_BITS[bits] + extra
+    if not _is_number(bits) or not bits > 0:
+        raise ValueError(f"bits must be a positive number (4, 8, ...) or a block format name; "
+                         f"got {bits!r}")
+    for name, v in (("scale_bits", scale_bits), ("zero_bits", zero_bits)):
+        if not _is_number(v) or v < 0:
+            raise ValueError(f"{name} must be a number >= 0 (16 for an FP16 scale); got {v!r}")
     if group_size is None:
         return float(bits) + ((scale_bits + zero_bits) / n_elements if n_elements else 0.0)
-    if group_size <= 0:
-        raise ValueError(f"group_size must be positive, got {group_size}")
+    if not _is_whole(group_size, minimum=1):
+        raise ValueError(f"group_size must be a whole number >= 1 (32, 128, ...), got {group_size!r}")
     return float(bits) + (scale_bits + zero_bits) / group_size
 
 
@@ -655,6 +678,10 @@ def _same_shape(reference, approx, what: str):
         raise ValueError(f"{what}: reference has shape {r.shape} but approx has shape {a.shape}; "
                          f"compare a tensor with its own dequantized copy (same shape), e.g. "
                          f"reshape one of them")
+    if r.size == 0:
+        raise ValueError(f"{what}: the arrays are empty; there is no error to measure")
+    _check_finite(r, f"{what}: reference")
+    _check_finite(a, f"{what}: approx")
     return r, a
 
 
@@ -691,6 +718,14 @@ def synthetic_weights(rows: int = 256, cols: int = 1024, n_outliers: int = 8,
     set to +-``outlier``. float32, shape (rows, cols). The course's own numpy generator of
     the 256 x 1024 matrix its source text uses (lesson 03).
     """
+    for name, v in (("rows", rows), ("cols", cols)):
+        if not _is_whole(v, minimum=1):
+            raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
+    if not _is_whole(n_outliers, minimum=0):
+        raise ValueError(f"n_outliers must be a whole number >= 0, got {n_outliers!r}")
+    if not _is_number(outlier):
+        raise ValueError(f"outlier is the planted magnitude, a finite number; got {outlier!r}")
+    rows, cols, n_outliers = int(rows), int(cols), int(n_outliers)
     rng = np.random.default_rng(seed)
     row_std = 0.02 * np.exp(rng.normal(0.0, 0.5, size=(rows, 1)))  # (rows, 1)
     w = rng.normal(0.0, 1.0, size=(rows, cols)) * row_std  # (rows, cols)
@@ -698,3 +733,46 @@ def synthetic_weights(rows: int = 256, cols: int = 1024, n_outliers: int = 8,
     c = rng.integers(0, cols, size=n_outliers)
     w[r, c] = rng.choice([-1.0, 1.0], size=n_outliers) * outlier
     return w.astype(np.float32)
+
+
+def _check_matrix(w, what: str) -> np.ndarray:
+    """w as a 2-D finite float numpy array, or a ValueError that says what to pass."""
+    w = to_numpy(w) if _is_torch(w) else np.asarray(w)
+    if w.ndim != 2 or w.size == 0:
+        raise ValueError(f"{what} needs a non-empty 2-D (rows, cols) weight matrix; got shape "
+                         f"{w.shape}")
+    if not np.issubdtype(w.dtype, np.floating):
+        raise ValueError(f"{what} needs floating-point weights; got dtype {w.dtype}")
+    _check_finite(w, "w")
+    return w
+
+
+def remove_outliers(w, k: float = 6.0) -> np.ndarray:
+    """A copy of ``w`` with every entry larger than ``k`` x its row's RMS set to 0 (lesson 03).
+
+    The "remove the outliers and see which schemes change" experiment: on the 256 x 1024
+    benchmark, k = 6 removes exactly its eight planted outliers.
+    """
+    w = _check_matrix(w, "remove_outliers")
+    if isinstance(k, bool) or not isinstance(k, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(k) or k <= 0:
+        raise ValueError(f"k is a multiple of the row RMS, a positive number such as 6; got {k!r}")
+    row_rms = np.sqrt(np.mean(w.astype(np.float64) ** 2, axis=1, keepdims=True))  # (rows, 1)
+    return np.where(np.abs(w) > k * row_rms, 0, w).astype(w.dtype)  # (rows, cols)
+
+
+def largest_group_within(w, target_rel_error: float, fmt: str = "int4",
+                         symmetric: bool = True) -> int | None:
+    """The largest group size (a divisor of the row length) whose per-group ``fmt`` error on
+    ``w`` is at most ``target_rel_error`` (a fraction, e.g. 0.054); None if even group 1
+    misses it (lesson 03: how small must INT4 groups get to match INT8 per tensor?)."""
+    w = _check_matrix(w, "largest_group_within")
+    if not (isinstance(target_rel_error, (int, float, np.floating)) and
+            math.isfinite(target_rel_error) and target_rel_error >= 0):
+        raise ValueError(f"target_rel_error is a fraction >= 0 (0.054 for 5.4%); got "
+                         f"{target_rel_error!r}")
+    for g in sorted(divisors(w.shape[1]), reverse=True):
+        w_hat = fake_quantize(w, fmt, "per_group", g, symmetric=symmetric)
+        if relative_rms_error(w, w_hat) <= target_rel_error:
+            return g
+    return None

@@ -9,6 +9,13 @@ inputs, a plain-torch reference and a benchmark.
 - ``kernels.fp8_w8a8`` FP8 E4M3 weights (per channel) and activations (per token, quantized
   on the fly), fp32 accumulation; needs compute capability 8.9+ on a GPU
 - ``kernels.bench``    ``python -m kernels.bench``: the benchmark that writes ``results/*.json``
+- ``kernels.compile_check`` ``python -m kernels.compile_check``: compile every kernel for
+  sm_75 ... sm_120 without a GPU and read the compiled code (instructions per weight byte,
+  shared memory, tensor-core instruction)
+- ``kernels/gpu_check.sh``  on a GPU machine: the kernel tests natively, then the benchmark
+
+A new kernel file registers itself with one line in ``compile_check.KERNEL_MODULES`` (it
+provides ``compile_jobs``) and one in ``bench.GPU_KERNEL_MODULES`` (``bench_backends``).
 
 Without a CUDA GPU the kernels run through the Triton interpreter (``TRITON_INTERPRET=1``),
 which must be set *before* triton is imported: importing this package does that first.

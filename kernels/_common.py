@@ -1,11 +1,13 @@
 """Shared plumbing of the kernel wrappers: input checks, launch plans (lesson 09).
 
-Nothing here is a kernel; it keeps the three kernel files short and their checks identical.
+Nothing here is a kernel; it keeps the kernel files short and their checks identical.
+``CompileJob`` is how each kernel file lists what ``kernels.compile_check`` compiles.
 """
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass, field
 
 import torch
 
@@ -13,8 +15,13 @@ from kernels import INTERPRET
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-# Batch sizes up to this use the GEMV-style kernel (one row of x per program, reductions
-# with tl.sum); larger batches use the tl.dot kernel (tensor cores on a GPU).
+# Batch sizes up to this use the GEMV-style kernel: one program covers *every* row of x
+# (up to 8) for its block of W, so each weight tile is loaded and dequantized once per
+# batch, and the products are summed with tl.sum on the CUDA cores. Larger batches use the
+# tl.dot kernel (tensor cores on a GPU). Why not 16: the GEMV does M fused multiply-adds per
+# weight on the CUDA cores, and ``kernels.compile_check`` counts about 3 instructions per
+# weight byte more for every extra row: past 8 rows that exceeds what a GPU issues while it
+# streams the weights, and a tensor-core tile of 16 rows costs the same as one of 1.
 GEMV_MAX_M = 8
 
 
@@ -60,19 +67,22 @@ def num_sms() -> int:
 def gemv_plan(M: int, N: int, K: int, k_unit: int) -> tuple[int, int]:
     """Choose (BLOCK_N, SPLIT_K) for the GEMV kernels so the GPU has enough programs.
 
-    A batch-1 GEMV reads each weight once; to reach memory bandwidth every SM needs several
-    programs in flight. We split N into blocks of rows, as small as 8 rows when N is small,
-    and when that is still too few programs we also split K (each split adds its partial
-    sums into the output with an atomic add). ``k_unit`` is the smallest K step (a group).
-    In the interpreter we pick small blocks and no split (speed does not matter there).
+    A small-batch GEMV reads each weight once; to reach memory bandwidth every SM needs
+    several programs in flight. One program covers all M rows of x, so the programs come
+    from N alone: we split N into blocks of rows (fewer rows per block when the batch is
+    larger, which keeps the per-program work and registers about constant), as small as 8
+    rows, and when that is still too few programs we also split K (each split adds its
+    partial sums into the output with an atomic add). ``k_unit`` is the smallest K step (a
+    group). In the interpreter we pick small blocks and no split (speed does not matter).
     """
     if not on_gpu():
         return 16, 1
     target = 4 * num_sms()  # programs wanted: a few waves of the whole GPU
+    widest = 32 if M <= 2 else 16   # rows x BLOCK_N x BLOCK_K products live in registers
     for block_n in (64, 32, 16, 8):
-        if M * math.ceil(N / block_n) >= target:
+        if block_n <= widest and math.ceil(N / block_n) >= target:
             return block_n, 1
-    programs = M * math.ceil(N / 8)
+    programs = math.ceil(N / 8)
     if programs >= 2 * num_sms():  # two waves already: a split's extra zero-fill and cast
         return 8, 1                # kernels would cost more than they bring
     max_split = max(1, K // (4 * k_unit))  # each split keeps at least four K steps
@@ -95,11 +105,83 @@ def autotune_enabled() -> bool:
     return on_gpu() and os.environ.get("COURSE_KERNELS_AUTOTUNE", "1") != "0"
 
 
-def choose(tuned, raw, gpu_default, interp_meta: dict):
-    """(kernel, launch keywords) for one call: autotuned, a fixed GPU config, or interpreter."""
+def choose(tuned, raw, gpu_default, interp_meta: dict, config=None):
+    """(kernel, launch keywords) for one call: autotuned, a fixed GPU config, or interpreter.
+
+    ``config`` (a ``triton.Config``, e.g. one of a kernel file's ``_GEMV_CONFIGS``) forces
+    that configuration: the tests run every configuration of every autotune list this way,
+    through the interpreter on a CPU (block sizes only: it ignores warps and stages) and
+    natively on a GPU.
+    """
+    if config is not None:
+        meta = dict(config.kwargs)
+        if on_gpu():
+            meta.update(num_warps=config.num_warps, num_stages=config.num_stages)
+        return raw, meta
     if autotune_enabled():
         return tuned, {}
     if on_gpu():
         return raw, {**gpu_default.kwargs, "num_warps": gpu_default.num_warps,
                      "num_stages": gpu_default.num_stages}
     return raw, interp_meta
+
+
+def distinct_configs(configs) -> list:
+    """The configurations of an autotune list that differ in their block sizes (kwargs).
+
+    The interpreter ignores num_warps and num_stages, so on a CPU these are all the
+    variants there are to check; on a GPU the tests run the whole list.
+    """
+    seen, out = set(), []
+    for c in configs:
+        key = tuple(sorted(c.kwargs.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+@dataclass
+class CompileJob:
+    """One kernel specialization for ``kernels.compile_check`` (ahead-of-time, no GPU).
+
+    ``signature`` maps each pointer/scalar argument to a Triton type ("*bf16", "i32", ...);
+    ``constexprs`` the compile-time arguments. ``min_cc``: the compute capability (x10)
+    below which compiling is expected to fail (FP8: 89). ``weight_bytes_per_step``: the
+    weight bytes one program reads per trip of its main loop, for the instructions-per-
+    weight-byte report; ``rows``: rows of x one program covers. ``default``: a
+    configuration the kernel runs with autotuning off (it must fit every architecture's
+    shared memory; the others are skipped by the autotuner where they do not fit).
+    """
+    name: str
+    kernel: object
+    signature: dict
+    constexprs: dict
+    num_warps: int = 4
+    num_stages: int = 3
+    min_cc: int = 0
+    weight_bytes_per_step: int | None = None
+    rows: int | None = None
+    default: bool = False
+    notes: dict = field(default_factory=dict)
+
+
+def config_jobs(name, kernel, signature, constexprs, configs, default, all_configs,
+                **extra) -> list[CompileJob]:
+    """CompileJobs for a kernel: the default config always, every config with all_configs.
+
+    ``extra`` goes to every job; ``weight_bytes_per_step`` and ``rows`` may be functions of
+    the job's constexprs (they depend on the block sizes).
+    """
+    def same(a, b):
+        return (a.kwargs == b.kwargs and a.num_warps == b.num_warps
+                and a.num_stages == b.num_stages)
+
+    chosen = list(configs) if all_configs else [default]
+    jobs = []
+    for cfg in chosen:
+        consts = {**constexprs, **cfg.kwargs}
+        kw = {k: (v(consts) if callable(v) else v) for k, v in extra.items()}
+        jobs.append(CompileJob(name, kernel, dict(signature), consts, cfg.num_warps,
+                               cfg.num_stages, default=same(cfg, default), **kw))
+    return jobs

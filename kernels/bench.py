@@ -2,17 +2,25 @@
 
 Runs on whatever is there and writes ``results/bench_<device>.json``:
 
-* on a CUDA GPU: torch BF16 ``F.linear`` against the course's Triton kernels (W8A16,
-  W4A16 group 128, FP8 W8A8 with activation quantization when compute capability >= 8.9)
-  on Llama-3.1-8B layer shapes (4096x4096, 4096x14336, 14336x4096, 4096x1024) and 70B-like
-  ones (8192x8192, 8192x28672), batch 1, 4, 16, 64, prefill M=2048 (and M=4096 for FP8),
-  timed with ``triton.testing.do_bench`` (L2 flushed, medians); then end-to-end decode
-  tokens/s of a stack of 8B-shaped decoder layers (random weights; attention left out);
+* on a CUDA GPU: torch BF16 ``F.linear`` (FP16 below compute capability 8.0, where there
+  are no BF16 tensor cores) against the course's Triton kernels (``GPU_KERNEL_MODULES``:
+  W8A16, W4A16 group 128, FP8 W8A8 with activation quantization when compute capability
+  >= 8.9) and against what a user would pick instead (``peer_backends``: ``torch.compile``d
+  int8 weight-only as in gpt-fast, ``torch._scaled_mm`` row-wise FP8), on Llama-3.1-8B layer
+  shapes (4096x4096, 4096x14336, 14336x4096, 4096x1024) and 70B-like ones (8192x8192,
+  8192x28672), batch 1, 4, 16, 64, prefill M=2048 (and M=4096 for FP8), timed from CUDA
+  graphs over weight copies larger than L2 (``FIELDS`` says what each timing means); then
+  end-to-end decode tokens/s of a stack of 8B-shaped decoder layers (random weights;
+  attention left out; as many layers as half the free GPU memory holds, up to 32);
 * on a CPU: what a CPU can run fast, never the Triton interpreter: fp32 and bf16
   ``F.linear`` against torch's weight-only CPU kernels ``_weight_int8pack_mm`` (int8,
   per channel) and ``_weight_int4pack_mm_for_cpu`` (int4, group 128), A/B interleaved,
-  within a time budget (``--quick`` for notebooks and tests).
+  within a time budget (``--quick`` for notebooks and tests). These backends are CPU-only:
+  they always get CPU tensors, even on a GPU machine.
 
+Every backend's output is checked against exact fp32 ``F.linear`` once per layer before it
+is timed (``check_rel_err``, ``output_ok``). Copy *and* read-only bandwidth are measured:
+a GEMV only reads, so bandwidth targets are shares of the read figure.
 Shapes are written (K in) x (N out), as the layers map K features to N.
 The JSON holds the device, versions, every timing (median ms, GB/s, TFLOP/s, ratio to the
 baseline) and, for each performance target of the course, the measured value and whether
@@ -59,6 +67,27 @@ class Backend:
     weight_bits: float
     group_size: int | None          # weights per scale (None: no scales)
     baseline: bool = False
+    device: str | None = None       # "cpu": a CPU-only op (runs on CPU tensors even on a GPU
+                                    # machine); None: the benchmark's device
+    max_rel_err: float | None = None  # the output check before timing (None: from the bits)
+
+    def tolerance(self) -> float:
+        """Relative error against exact fp32 F.linear that still counts as a right answer.
+
+        Quantization alone gives about 12% at INT4 group 128 on random weights, 1-3% at 8
+        bits; a broken kernel is off by 100% or more.
+        """
+        if self.max_rel_err is not None:
+            return self.max_rel_err
+        return 0.3 if self.weight_bits <= 4 else 0.08 if self.weight_bits <= 8 else 0.02
+
+
+# One line per kernel file: each has ``bench_backends(act_dtype) -> [Backend]`` (GPU side).
+GPU_KERNEL_MODULES = [
+    "kernels.w8a16",
+    "kernels.w4a16",
+    "kernels.fp8_w8a8",
+]
 
 
 def _cpu_int8_prepare(w):
@@ -88,35 +117,48 @@ def cpu_backends(probe: bool = True, log=print) -> list[Backend]:
     """
     backends = [
         Backend("fp32", lambda w: w.float().contiguous(), lambda x, w: F.linear(x, w),
-                torch.float32, 32, None, baseline=True),
+                torch.float32, 32, None, baseline=True, device="cpu"),
         Backend("bf16", lambda w: w.to(torch.bfloat16).contiguous(), lambda x, w: F.linear(x, w),
-                torch.bfloat16, 16, None),
+                torch.bfloat16, 16, None, device="cpu"),
         Backend("int8 (_weight_int8pack_mm)", _cpu_int8_prepare,
                 lambda x, st: torch.ops.aten._weight_int8pack_mm(x, st[0], st[1]),
-                torch.bfloat16, 8, "per_channel"),
+                torch.bfloat16, 8, "per_channel", device="cpu"),
         Backend("int4 g128 (_weight_int4pack_mm_for_cpu)", _cpu_int4_prepare,
                 lambda x, st: torch.ops.aten._weight_int4pack_mm_for_cpu(x, st[0], st[2], st[1]),
-                torch.bfloat16, 4, 128),
+                torch.bfloat16, 4, 128, device="cpu"),
     ]
     return usable_backends(backends, log) if probe else backends
 
 
-def usable_backends(backends: list[Backend], log=print) -> list[Backend]:
+def backend_device(b: Backend, device: str) -> str:
+    """Where a backend's tensors live: CPU-only ops always get CPU tensors."""
+    return b.device or device
+
+
+def output_error(b: Backend, w: torch.Tensor, x: torch.Tensor, state=None) -> float:
+    """Relative error of a backend's output against exact fp32 ``F.linear(x, w)``."""
+    dev = backend_device(b, str(w.device))
+    w_b, x_b = w.to(dev), x.to(dev)
+    state = b.prepare(w_b) if state is None else state
+    y = b.apply(x_b.to(b.act_dtype), state).float()                      # (M, N)
+    exact = F.linear(x_b.float(), w_b.float())                           # (M, N)
+    return ((y - exact).norm() / exact.norm()).item()
+
+
+def usable_backends(backends: list[Backend], log=print, device: str = "cpu") -> list[Backend]:
     """The backends that run on a small layer and agree with fp32 F.linear.
 
-    "Agree" allows for quantization: INT4 group-128 rounding alone gives about 12% relative
-    error on random weights, so the bar is 30%; a broken op is off by 100% or more.
+    "Agree" allows for quantization (``Backend.tolerance``); a broken op is off by 100% or
+    more. ``device``: where backends without a fixed device run (the benchmark's device).
     """
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(64, 256, generator=gen) / 16                       # (N, K)
     x = torch.randn(2, 256, generator=gen)                              # (M, K)
-    exact = F.linear(x, w)                                              # (M, N)
     out = []
     for b in backends:
         try:
-            y = b.apply(x.to(b.act_dtype), b.prepare(w)).float()
-            err = ((y - exact).norm() / exact.norm()).item()
-            if not err < 0.3:
+            err = output_error(b, w.to(backend_device(b, device)), x)
+            if not err < b.tolerance():
                 raise ValueError(f"relative error {err:.3f} against fp32 F.linear")
         except Exception as e:  # noqa: BLE001  (a private op missing or changed: say so, go on)
             if b.baseline:
@@ -127,23 +169,85 @@ def usable_backends(backends: list[Backend], log=print) -> list[Backend]:
     return out
 
 
-def gpu_backends(with_fp8: bool) -> list[Backend]:
-    """BF16 F.linear (baseline) and the course's Triton kernels."""
-    from kernels import fp8_w8a8, w4a16, w8a16
+def gpu_backends(with_fp8: bool, act_dtype: torch.dtype = torch.bfloat16,
+                 peers: bool = False) -> list[Backend]:
+    """The 16-bit baseline (BF16 ``F.linear``; FP16 on GPUs without BF16 tensor cores,
+    compute capability below 8.0), the course's Triton kernels (``GPU_KERNEL_MODULES``),
+    and with ``peers`` what a user would pick instead (``peer_backends``)."""
+    import importlib
 
-    out = [
-        Backend("bf16", lambda w: w.to(torch.bfloat16).contiguous(), lambda x, w: F.linear(x, w),
-                torch.bfloat16, 16, None, baseline=True),
-        Backend("w8a16", w8a16.quantize_weight, lambda x, st: w8a16.w8a16_linear(x, *st),
-                torch.bfloat16, 8, "per_channel"),
-        Backend("w4a16 g128", lambda w: w4a16.quantize_weight(w, 128),
-                lambda x, st: w4a16.w4a16_linear(x, st), torch.bfloat16, 4, 128),
-    ]
-    if with_fp8:
-        out.append(Backend("fp8 w8a8", lambda w: fp8_w8a8.quantize_weight(w, fast=True),
-                           lambda x, st: fp8_w8a8.fp8_w8a8_linear(x, *st),
-                           torch.bfloat16, 8, "per_channel"))
+    name = "bf16" if act_dtype == torch.bfloat16 else "fp16"
+    out = [Backend(name, lambda w: w.to(act_dtype).contiguous(), lambda x, w: F.linear(x, w),
+                   act_dtype, 16, None, baseline=True)]
+    for mod in GPU_KERNEL_MODULES:
+        out += importlib.import_module(mod).bench_backends(act_dtype, with_fp8=with_fp8)
+    if peers:
+        out += peer_backends(act_dtype, with_fp8)
     return out
+
+
+def _int8_weight_only_prepare(w):
+    from kernels.w8a16 import quantize_weight
+
+    q, s = quantize_weight(w)
+    return q.contiguous(), s.to(torch.bfloat16)
+
+
+def _int8_weight_only(x, q, s):
+    """gpt-fast's int8 weight-only linear: convert W to x's dtype, matmul, scale the rows."""
+    return F.linear(x, q.to(x.dtype)) * s.to(x.dtype)
+
+
+def _fp8_rowwise_prepare(w):
+    from kernels.fp8_w8a8 import quantize_weight
+
+    q, s = quantize_weight(w, fast=True)
+    return q.contiguous(), s.float().reshape(1, -1)                     # (N, K), (1, N)
+
+
+def _fp8_rowwise(x, st):
+    """torch._scaled_mm with per-token and per-channel scales (what vLLM-style FP8 does);
+    its operands need multiples of 16 rows, so a decode batch is padded (cost included)."""
+    from kernels.fp8_w8a8 import FP8_DTYPE, FP8_MAX
+
+    q, ws = st
+    M = x.shape[0]
+    pad = (-M) % 16
+    xp = F.pad(x, (0, 0, 0, pad)) if pad else x                         # (M + pad, K)
+    amax = xp.float().abs().amax(dim=1, keepdim=True)                   # (M + pad, 1)
+    xs = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    xq = (xp.float() / xs).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    y = torch._scaled_mm(xq, q.t(), scale_a=xs, scale_b=ws, out_dtype=x.dtype)
+    return y[:M]
+
+
+def peer_backends(act_dtype: torch.dtype = torch.bfloat16, with_fp8: bool = True) -> list[Backend]:
+    """What a user would run instead of the course's kernels (GPU benchmark, item 6 of the
+    kernels issue): ``torch.compile``d int8 weight-only (gpt-fast style) and, with FP8
+    maths, ``torch._scaled_mm`` row-wise FP8. Each is probed before use and left out with
+    a note when this torch or GPU cannot run it."""
+    compiled = torch.compile(_int8_weight_only, dynamic=False)
+    out = [Backend("int8 wo (torch.compile)", _int8_weight_only_prepare,
+                   lambda x, st: compiled(x, *st), act_dtype, 8, "per_channel")]
+    if with_fp8:
+        out.append(Backend("fp8 rowwise (_scaled_mm)", _fp8_rowwise_prepare, _fp8_rowwise,
+                           act_dtype, 8, "per_channel"))
+    return out
+
+
+def machine_backends(log=print, probe: bool = True) -> list[Backend]:
+    """What ``run()`` compares on this machine (lesson 10 lists them).
+
+    A GPU: the 16-bit baseline (BF16; FP16 below compute capability 8.0, no BF16 tensor
+    cores there), the course's kernels (FP8 from 8.9) and the peer baselines, each probed on
+    a small layer. A CPU (or the interpreter): fp32, bf16 and torch's CPU weight-only ops.
+    """
+    if torch.cuda.is_available() and not kernels.INTERPRET:
+        cc = torch.cuda.get_device_capability(0)
+        act = torch.bfloat16 if cc >= (8, 0) else torch.float16
+        out = gpu_backends(tuple(cc) >= (8, 9), act, peers=True)
+        return usable_backends(out, log, "cuda") if probe else out
+    return cpu_backends(probe=probe, log=log)
 
 
 def _bytes(b: Backend, M: int, N: int, K: int) -> float:
@@ -166,11 +270,21 @@ def time_layers(backends: list[Backend], layers, batches, timer: str, device: st
             log(f"  time budget spent: skipping {name} {K}x{N} and later shapes")
             break
         w = torch.randn(N, K, generator=gen, device=device) / math.sqrt(K)    # (N, K)
-        states = {b.name: b.prepare(w) for b in backends}
+        dev = {b.name: backend_device(b, device) for b in backends}   # CPU ops: CPU tensors
+        w_on = {d: w.to(d) for d in set(dev.values())}
+        states = {b.name: b.prepare(w_on[dev[b.name]]) for b in backends}
+        checks = {}
         for M in batches:
             x = torch.randn(M, K, generator=gen, device=device)               # (M, K)
-            xs = {b.name: x.to(b.act_dtype) for b in backends}
+            xs = {b.name: x.to(dev[b.name], b.act_dtype) for b in backends}
             fns = {b.name: (lambda b=b: b.apply(xs[b.name], states[b.name])) for b in backends}
+            if not checks:   # every backend's output, checked once per layer before timing
+                for b in backends:
+                    err = output_error(b, w_on[dev[b.name]], x[:min(M, 4)], states[b.name])
+                    checks[b.name] = {"check_rel_err": err, "output_ok": bool(err < b.tolerance())}
+                    if not checks[b.name]["output_ok"]:
+                        log(f"  WRONG OUTPUT: {b.name} on {name} {K}x{N}: relative error "
+                            f"{err:.3f} > {b.tolerance()} (timed anyway, marked output_ok false)")
             extra = {}
             if timer == "gpu":
                 ms, extra = _time_gpu_layer(backends, states, xs)
@@ -189,6 +303,7 @@ def time_layers(backends: list[Backend], layers, batches, timer: str, device: st
                                "ratio_vs_baseline": ms[base] / ms[b.name],
                                "ratio_vs_bf16": ms["bf16"] / ms[b.name] if "bf16" in ms else None}
                 res[b.name].update(extra.get(b.name, {}))
+                res[b.name].update(checks[b.name])
             rows.append({"layer": name, "K": K, "N": N, "M": M,
                          "phase": "decode" if M <= 64 else "prefill", "baseline": base,
                          "results": res})
@@ -289,10 +404,11 @@ def decode_tokens_per_s(backends: list[Backend], n_layers: int, d: int, d_kv: in
     """Tokens/s of one decode step (batch ``batch``) through a DecoderStack, per backend."""
     out = {}
     for b in backends:
-        model = DecoderStack(b, n_layers, d, d_kv, d_ff, device)
-        h = torch.randn(batch, d).to(device, b.act_dtype)                    # (B, d)
+        dev = backend_device(b, device)
+        model = DecoderStack(b, n_layers, d, d_kv, d_ff, dev)
+        h = torch.randn(batch, d).to(dev, b.act_dtype)                       # (B, d)
         step, graphed = (lambda: model(h)), False
-        if timer == "gpu":
+        if timer == "gpu" and dev != "cpu":
             step, graphed = _cuda_graph(step)
             ms = bench.time_gpu(step)
         else:
@@ -330,9 +446,14 @@ def _find(rows, layer_kn, M, fmt):
     return None
 
 
-def evaluate_targets(rows: list[dict], decode: dict | None, copy_gbps: float | None,
+def evaluate_targets(rows: list[dict], decode: dict | None, read_gbps: float | None,
                      on_gpu: bool, is_hopper: bool) -> list[dict]:
-    """The course's GPU performance targets, each with value and met (null if unmeasured)."""
+    """The course's GPU performance targets, each with value and met (null if unmeasured).
+
+    Bandwidth shares are of the measured *read* bandwidth: a GEMV only reads its weights,
+    so against a copy (read + write) it can pass 100%.
+    """
+    copy_gbps = read_gbps
     def ratio(kn, M, fmt):
         r = _find(rows, kn, M, fmt) if on_gpu else None
         return None if r is None else r["ratio_vs_baseline"]
@@ -346,13 +467,13 @@ def evaluate_targets(rows: list[dict], decode: dict | None, copy_gbps: float | N
         dec = decode["results"]["w4a16 g128"]["ratio_vs_baseline"]
     fp8 = ratio((8192, 8192), 4096, "fp8 w8a8") if is_hopper else None
     spec = [
-        ("bf16_gemv_copy_bw", "BF16 GEMV (8192x28672, batch 1) >= 65% of measured copy bandwidth",
+        ("bf16_gemv_read_bw", "BF16 GEMV (8192x28672, batch 1) >= 65% of measured read bandwidth",
          0.65, bw_share((8192, 28672), 1, "bf16")),
         ("w4a16_b1_70b_mlp", "W4A16 g128 batch 1 at 8192x28672 >= 2.8x BF16", 2.8,
          ratio((8192, 28672), 1, "w4a16 g128")),
         ("w4a16_b1_4096", "W4A16 g128 batch 1 at 4096x4096 >= 2.0x BF16", 2.0,
          ratio((4096, 4096), 1, "w4a16 g128")),
-        ("w4a16_b1_copy_bw", "W4A16 g128 batch 1 at 8192x28672 >= 60% of copy bandwidth "
+        ("w4a16_b1_read_bw", "W4A16 g128 batch 1 at 8192x28672 >= 60% of read bandwidth "
          "(quantized bytes)", 0.60, bw_share((8192, 28672), 1, "w4a16 g128")),
         ("w8a16_b1_70b_mlp", "W8A16 batch 1 at 8192x28672 >= 1.7x BF16", 1.7,
          ratio((8192, 28672), 1, "w8a16")),
@@ -396,6 +517,48 @@ def _copy_bandwidth(device: str, quick: bool) -> float:
     return float(measure_copy_bandwidth(device, **kwargs).median_gbps)
 
 
+def _read_bandwidth(device: str, quick: bool) -> float:
+    """Measured read-only bandwidth (a sum over a large tensor), sized as the copy."""
+    from course_lib.bandwidth import measure_read_bandwidth
+
+    kwargs = {"size_mb": 64, "repeats": 3} if (quick and device == "cpu") else {}
+    return float(measure_read_bandwidth(device, **kwargs).median_gbps)
+
+
+def placement(backends, gpu: bool) -> tuple[str, str]:
+    """(device, timer) for a run: CPU-only backends are timed on the CPU even when a GPU
+    is present (``kernels/gpu_check.sh`` runs the CPU tests on a GPU machine)."""
+    if backends is not None and all(b.device == "cpu" for b in backends):
+        return "cpu", "cpu"
+    return ("cuda", "gpu") if gpu else ("cpu", "cpu")
+
+
+def decode_layers_that_fit(d: int, d_kv: int, d_ff: int, want: int, bytes_per_weight: float = 2.0,
+                           free_bytes: float | None = None, share: float = 0.5) -> int:
+    """How many decoder layers of this shape fit in ``share`` of the free GPU memory (the
+    16-bit stack is the largest; one stack is alive at a time). At least 1, at most want."""
+    if free_bytes is None:
+        free_bytes = torch.cuda.mem_get_info()[0]
+    per_layer = (2 * d * d + 2 * d_kv * d + 3 * d_ff * d) * bytes_per_weight
+    return max(1, min(want, int(share * free_bytes // per_layer)))
+
+
+# What each timing field means (written into every results JSON).
+FIELDS = {
+    "ms": "headline time per call. GPU: median per call replayed from a CUDA graph over weight "
+          "copies that together exceed 3x L2 (no launch overhead, no L2 reuse). CPU: median "
+          "of repeats, candidates interleaved",
+    "ms_eager": "GPU only: triton.testing.do_bench median with the L2 cache flushed before "
+                "each call, called from Python: includes the launch overhead (a few us), which "
+                "dominates small layers; not the figure a serving engine sees",
+    "gbps": "bytes the layer must move (weights, 16-bit scales, x, y once) / ms",
+    "ratio_vs_baseline": "baseline ms / this ms (the baseline is bf16, or fp16 below cc 8.0; "
+                         "fp32 on a CPU)",
+    "check_rel_err": "relative error of the output against exact fp32 F.linear, checked once "
+                     "per layer before timing; output_ok: below the format's tolerance",
+}
+
+
 def run(quick: bool = False, budget_s: float = 150.0, log=print, decode_layers: int | None = None,
         layers=None, batches=None, prefill_m: int | None = None, backends=None,
         timer: str | None = None, decode_cfg: dict | None = None, repeats: int = 7,
@@ -425,18 +588,20 @@ def run(quick: bool = False, budget_s: float = 150.0, log=print, decode_layers: 
 def _run(quick, budget_s, log, decode_layers, layers, batches, prefill_m, backends, timer,
          decode_cfg, repeats, gpu, checkpoint=None) -> dict:
     t0 = time.perf_counter()
-    dev = "cuda" if gpu else "cpu"
-    timer = timer or ("gpu" if gpu else "cpu")
+    dev, auto_timer = placement(backends, gpu)
+    gpu = dev == "cuda"
+    timer = timer or auto_timer
     rec = device_record()
     log(f"device: {rec['name']} ({dev}); quick={quick}"
         + ("" if gpu else f"; {torch.get_num_threads()} CPU thread(s)"))
     copy_gbps = _copy_bandwidth(dev, quick)
-    log(f"copy bandwidth: {copy_gbps} GB/s")
+    read_gbps = _read_bandwidth(dev, quick)
+    log(f"copy bandwidth: {copy_gbps:.1f} GB/s, read bandwidth: {read_gbps:.1f} GB/s")
     cat = bench.catalogue_gpu(rec["name"], rec["memory_gb"]) if gpu else None
     cc = tuple(rec["compute_capability"] or (0, 0))
     with_fp8 = gpu and cc >= (8, 9)
     if backends is None:
-        backends = gpu_backends(with_fp8) if gpu else cpu_backends()
+        backends = machine_backends(log)
     is_hopper = cc[0] == 9
     result = {
         "schema": SCHEMA,
@@ -452,6 +617,8 @@ def _run(quick, budget_s, log, decode_layers, layers, batches, prefill_m, backen
         "shapes_note": "layers are K (in) x N (out); x is (M, K); bytes count weights, scales "
                        "(16-bit), x and y once",
         "copy_bandwidth_gbps": copy_gbps,
+        "read_bandwidth_gbps": read_gbps,
+        "fields": FIELDS,
         "catalogue": None if cat is None else {
             "name": cat.name, "bandwidth_gbps": cat.bandwidth_tbps * 1e3,
             "bf16_tflops": cat.bf16_tflops, "fp8_tflops": cat.fp8_tflops},
@@ -490,18 +657,21 @@ def _run(quick, budget_s, log, decode_layers, layers, batches, prefill_m, backen
     if decode_cfg is not None:
         cfg = dict(decode_cfg)
     elif gpu:
-        cfg = {"n_layers": decode_layers or (8 if quick else 32), "d": 4096, "d_kv": 1024,
+        want = decode_layers or (8 if quick else 32)
+        n = decode_layers_that_fit(4096, 1024, 14336, want)
+        cfg = {"n_layers": n, "d": 4096, "d_kv": 1024,
                "d_ff": 14336, "note": "Llama-3.1-8B layer shapes, random weights, attention "
-               "and embeddings left out, batch 1"}
+               f"and embeddings left out, batch 1; {n} of {want} layers (sized from free GPU "
+               "memory)"}
     else:
         cfg = {"n_layers": decode_layers or 2, "d": 1024, "d_kv": 256, "d_ff": 3584,
                "note": "quarter-width 8B-like layers (d 1024, ffn 3584), random weights, "
                "attention and embeddings left out, batch 1: a CPU cannot hold 8B-sized fp32 "
                "layers in a quick run"}
-    dec_res = decode_tokens_per_s(backends, cfg["n_layers"], cfg["d"], cfg["d_kv"], cfg["d_ff"],
-                                  timer, dev, repeats=min(5, repeats), log=log)
+    dec_res = decode_tokens_per_s(backends, cfg["n_layers"], cfg["d"], cfg["d_kv"],
+                                  cfg["d_ff"], timer, dev, repeats=min(5, repeats), log=log)
     result["decode"] = {"config": cfg, "results": dec_res}
-    result["targets"] = evaluate_targets(rows, result["decode"], copy_gbps, gpu, is_hopper)
+    result["targets"] = evaluate_targets(rows, result["decode"], read_gbps, gpu, is_hopper)
     result["partial"] = False
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     if quick and not gpu:   # the CPU promise of lesson 10: its measurements take under a minute
@@ -509,6 +679,24 @@ def _run(quick, budget_s, log, decode_layers, layers, batches, prefill_m, backen
             "id": "cpu_quick_under_60s", "description": "CPU quick run (lesson 10) under 60 s",
             "threshold": 60.0, "value": result["wall_s"], "met": result["wall_s"] < 60.0})
     return result
+
+
+def gain_by_batch(result: dict, fmt: str, layer_kn: tuple[int, int]) -> dict[int, float]:
+    """{batch M: baseline ms / ``fmt`` ms} over one layer's decode rows of a results JSON.
+
+    Lesson 10 reads how a format's gain changes with the batch, from any machine's JSON
+    (``load_results``). ``layer_kn`` is (K in, N out); the baseline is the row's own
+    (``row["baseline"]``: bf16 on a GPU, fp16 below cc 8.0, fp32 on a CPU).
+    """
+    K, N = layer_kn
+    rows = [r for r in result["layers"] if (r["K"], r["N"]) == (K, N) and r["phase"] == "decode"]
+    if not rows:
+        have = sorted({(r["K"], r["N"]) for r in result["layers"]})
+        raise ValueError(f"no decode rows for layer {K}x{N} in this result; layers: {have}")
+    if fmt not in rows[0]["results"]:
+        raise ValueError(f"format {fmt!r} was not measured; formats: {list(rows[0]['results'])}")
+    return {r["M"]: r["results"][r["baseline"]]["ms"] / r["results"][fmt]["ms"]
+            for r in sorted(rows, key=lambda r: r["M"])}
 
 
 def layer_table(result: dict, phase: str | None = None) -> str:

@@ -1,22 +1,71 @@
-"""Compile every course kernel for real NVIDIA GPUs, without a GPU (lesson 09's kernels).
+"""Compile every course kernel for real NVIDIA GPUs, without a GPU (lessons 09-10).
 
-    python -m kernels.compile_check                 # Hopper (sm_90), one config per kernel
+    python -m kernels.compile_check                        # every architecture, default configs
+    python -m kernels.compile_check --arch 90 --report     # + instructions per weight byte
     python -m kernels.compile_check --arch 80 89 90 --all-configs   # every autotune config
+                                                                    # (many minutes)
 
 The Triton interpreter checks the kernels' *numbers* on a CPU, but it accepts things a
-GPU compiler rejects (shapes, dtypes, FP8 on an Ampere GPU). Triton can compile ahead of
-time for a chosen GPU architecture with the ``ptxas`` that ships in its wheel, so this
-checks the native path on a machine that has no GPU. It runs in its own process with
-``COURSE_TRITON_AOT=1`` (it restarts itself that way), which keeps ``kernels`` out of
-interpreter mode; ``tests/test_kernels_compile.py`` starts it.
-Exit code 0 when everything expected to compile does; FP8 kernels are expected to fail
-below compute capability 8.9, which the wrappers refuse anyway.
+GPU compiler rejects (shapes, dtypes, FP8 on an Ampere GPU) and says nothing about speed.
+Triton compiles ahead of time for a chosen GPU architecture with the ``ptxas`` in its
+wheel, so this checks the native path on a machine that has no GPU, and reads the
+compiled code:
+
+* **shared memory** of each configuration against the architecture's limit (a tile that
+  does not fit compiles fine and fails only at launch; the autotuner skips such configs,
+  but a default config, used with autotuning off, must fit everywhere);
+* **instructions per weight byte**: PTX instructions in the kernel's main loop, times the
+  threads of a program, divided by the weight bytes one trip of the loop reads. A GPU
+  issues about 10 of them (lane-instructions) per byte an H100 streams from memory
+  (``issue_budget``): a kernel above that is instruction-bound, not memory-bound;
+  Int-to-float conversions (``cvt.rn.f32.s32``) are counted apart: a GPU issues them at
+  a fraction of the FP32 rate (16 against 128 per clock and SM on Hopper and Ampere);
+* **matrix instruction**: which tensor-core instruction ``tl.dot`` became (``wgmma`` with
+  e4m3 operands is FP8 maths on Hopper; ``mma.sync`` with f16 operands is not);
+* **registers and spills** (``cuobjdump --dump-resource-usage``; spills go to local memory).
+
+It runs in its own process with ``COURSE_TRITON_AOT=1`` (it restarts itself that way),
+which keeps ``kernels`` out of interpreter mode; ``tests/test_kernels_compile.py`` starts it.
+Exit code 0 when everything expected to compile does, and every default config fits.
+FP8 kernels are expected to fail below compute capability 8.9 (the wrappers refuse there).
 """
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import os
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
+from collections import Counter
+
+# One line per kernel file. Each has ``compile_jobs(arch, all_configs) -> [CompileJob]``.
+KERNEL_MODULES = [
+    "kernels.w8a16",
+    "kernels.w4a16",
+    "kernels.fp8_w8a8",
+]
+
+# Turing (T4), Ampere (A100; A10/RTX 30), Ada (L4/RTX 40), Hopper, consumer Blackwell (RTX 50)
+ARCHS = (75, 80, 86, 89, 90, 120)
+
+# Shared memory one thread block may use (the opt-in maximum), in bytes. Source: CUDA C++
+# Programming Guide, "Technical Specifications per Compute Capability".
+SHARED_LIMIT = {75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024,
+                90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}
+
+
+def issue_budget(bandwidth_tbps: float = 3.35, sms: int = 132, lanes_per_sm: int = 128,
+                 clock_ghz: float = 1.98) -> float:
+    """Lane-instructions a GPU can issue per byte it reads at full bandwidth.
+
+    Defaults: an H100 SXM (132 SMs, 4 schedulers x 32 lanes each, 1.98 GHz boost, 3.35
+    TB/s) -> about 10. A kernel that needs more per weight byte cannot reach bandwidth.
+    """
+    return sms * lanes_per_sm * clock_ghz * 1e9 / (bandwidth_tbps * 1e12)
 
 
 def _reexec_for_aot(argv) -> None:
@@ -28,80 +77,210 @@ def _reexec_for_aot(argv) -> None:
     os.execve(sys.executable, [sys.executable, "-m", "kernels.compile_check", *argv], env)
 
 
-def _jobs(arch: int, all_configs: bool):
-    """(name, kernel, signature, constexprs, num_warps, num_stages, must_compile) tuples."""
-    from kernels import fp8_w8a8, w4a16, w8a16
-
-    pick = (lambda cfgs: cfgs) if all_configs else (lambda cfgs: cfgs[-1:])
-    I = "i32"
-    for act in (["*bf16", "*fp16", "*fp32"] if all_configs else ["*bf16"]):
-        sig = dict(x_ptr=act, w_ptr="*i8", s_ptr="*fp32", y_ptr=act, M=I, N=I, K=I,
-                   stride_xm=I, stride_wn=I, stride_ym=I)
-        for cfg in pick(w8a16._GEMV_CONFIGS):
-            for sk in (1, 2):
-                yield ("w8a16_gemv", w8a16.w8a16_gemv_kernel, dict(sig, y_ptr="*fp32" if sk > 1 else act),
-                       dict(BLOCK_N=32, SPLIT_K=sk, **cfg.kwargs), cfg.num_warps, cfg.num_stages, True)
-        for cfg in pick(w8a16._GEMM_CONFIGS):
-            yield ("w8a16_gemm", w8a16.w8a16_gemm_kernel, sig,
-                   dict(DOT_FP32=act == "*fp32", **cfg.kwargs), cfg.num_warps, cfg.num_stages, True)
-        for group in ((32, 64, 128) if all_configs else (128,)):
-            for has_zero in (False, True):
-                sig = dict(x_ptr=act, p_ptr="*u8", s_ptr="*fp16", z_ptr="*i32" if has_zero else "*fp32",
-                           y_ptr=act, M=I, N=I, K=I, stride_xm=I, stride_pn=I, stride_sn=I, stride_ym=I)
-                for cfg in pick(w4a16._GEMV_CONFIGS):
-                    yield ("w4a16_gemv", w4a16.w4a16_gemv_kernel, sig,
-                           dict(GROUP=group, BLOCK_N=16, SPLIT_K=1, HAS_ZERO=has_zero, **cfg.kwargs),
-                           cfg.num_warps, cfg.num_stages, True)
-                for defer in (False, True):
-                    yield ("w4a16_gemv split-K", w4a16.w4a16_gemv_kernel, dict(sig, y_ptr="*fp32"),
-                           dict(GROUP=group, BLOCK_N=8, SPLIT_K=4, HAS_ZERO=has_zero, GPI=2,
-                                DEFER_SUM=defer), 4, 3, True)
-                for cfg in pick(w4a16._GEMM_CONFIGS):
-                    yield ("w4a16_gemm", w4a16.w4a16_gemm_kernel, sig,
-                           dict(GROUP=group, HAS_ZERO=has_zero, DOT_FP32=act == "*fp32", **cfg.kwargs),
-                           cfg.num_warps, cfg.num_stages, True)
-        fp8_ok = arch >= 89
-        yield ("quantize_rows_fp8", fp8_w8a8.quantize_rows_fp8_kernel,
-               dict(x_ptr=act, xq_ptr="*fp8e4nv", xs_ptr="*fp32", K=I, stride_xm=I, stride_qm=I),
-               dict(BLOCK_K=1024, ROUND_FIRST=False), 4, 3, fp8_ok)
-        for cfg in pick(fp8_w8a8._GEMM_CONFIGS):
-            yield ("fp8_gemm", fp8_w8a8.fp8_gemm_kernel,
-                   dict(a_ptr="*fp8e4nv", as_ptr="*fp32", b_ptr="*fp8e4nv", bs_ptr="*fp32", y_ptr=act,
-                        M=I, N=I, K=I, stride_am=I, stride_bn=I, stride_ym=I),
-                   dict(cfg.kwargs), cfg.num_warps, cfg.num_stages, fp8_ok)
+def jobs_for(arch: int, all_configs: bool = False, only=None):
+    """Every registered kernel file's CompileJobs for one architecture."""
+    out = []
+    for name in KERNEL_MODULES:
+        mod = importlib.import_module(name)
+        for job in mod.compile_jobs(arch, all_configs):
+            if only is None or any(o in job.name for o in only):
+                out.append(job)
+    return out
 
 
-def check(archs=(90,), all_configs: bool = False, log=print) -> int:
-    """Compile the kernels for each architecture; return the number of unexpected results."""
+# ---------------------------------------------------------------------------- reading PTX
+
+def _instructions(lines) -> list[str]:
+    """PTX instruction lines (no labels, directives, comments or braces), predicates dropped."""
+    out = []
+    for x in lines:
+        x = x.strip()
+        if not x or x.startswith(("//", ".", "$", "{", "}")) or not x.endswith(";"):
+            continue
+        out.append(re.sub(r"^@!?%p\d+\s+", "", x))
+    return out
+
+
+def main_loop(ptx: str) -> list[str] | None:
+    """The PTX instructions of the kernel's main loop: the innermost loop that loads from
+    global memory (LLVM marks loop headers "Loop Header"). None if there is none."""
+    lines = ptx.splitlines()
+    best = None
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\$L__BB\d+_\d+):.*Loop Header", line)
+        if not m:
+            continue
+        pat = re.compile(r"bra(\.uni)?\s+" + re.escape(m.group(1)) + ";")
+        ends = [j for j in range(i, len(lines)) if pat.search(lines[j])]
+        if not ends:
+            continue
+        body = _instructions(lines[i + 1:ends[-1] + 1])
+        loads = ("ld.global", "cp.async.ca", "cp.async.cg", "cp.async.bulk")
+        if any(x.startswith(loads) for x in body) and (best is None or len(body) < len(best)):
+            best = body
+    return best
+
+
+def mma_kind(ptx: str) -> str:
+    """Which matrix instruction the kernel uses: 'wgmma e4m3', 'mma.sync bf16', or 'none'."""
+    m = re.search(r"wgmma\.mma_async\S*?\.(e4m3|e5m2|bf16|f16|tf32|s8)", ptx)
+    if m:
+        return f"wgmma {m.group(1)}"
+    m = re.search(r"mma\.sync\.aligned\.m\d+n\d+k\d+\S*?\.(e4m3|e5m2|bf16|f16|tf32|s8)", ptx)
+    if m:
+        return f"mma.sync {m.group(1)}"
+    return "none"
+
+
+def _cuobjdump() -> str | None:
+    import triton
+    cand = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    return cand if os.path.exists(cand) else shutil.which("cuobjdump")
+
+
+def sass_main_loop(cubin: bytes) -> list[str] | None:
+    """The machine instructions (SASS) of the main loop: the innermost backward branch
+    whose body loads from global memory. ptxas fuses and removes PTX instructions (an AND
+    and an OR become one LOP3; the movs of masked loads disappear), so this is closer to
+    what the GPU issues than the PTX count. None when cuobjdump is missing."""
+    tool = _cuobjdump()
+    if not tool:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True).stdout
+    ins, index = [], {}
+    for line in out.splitlines():
+        m = re.match(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if m:
+            index[int(m.group(1), 16)] = len(ins)
+            ins.append(m.group(2))
+    best = None
+    for i, x in enumerate(ins):
+        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", x)
+        start = index.get(int(m.group(1), 16)) if m else None
+        if start is not None and start <= i:                 # a backward branch: a loop
+            body = [y for y in ins[start:i + 1] if not y.startswith("NOP")]
+            if any("LDG" in y for y in body) and (best is None or len(body) < len(best)):
+                best = body
+    return best
+
+
+def resource_usage(cubin: bytes) -> dict:
+    """{'regs': n, 'local_bytes': n} from cuobjdump (Triton's wheel ships it), or {}."""
+    tool = None
+    try:
+        from triton.backends.nvidia import compiler as nv
+        tool = nv.get_ptxas().path.replace("ptxas", "cuobjdump") if hasattr(nv, "get_ptxas") else None
+    except Exception:  # noqa: BLE001  (older/newer Triton: look on PATH instead)
+        tool = None
+    if not tool or not os.path.exists(tool):
+        import triton
+        cand = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+        tool = cand if os.path.exists(cand) else shutil.which("cuobjdump")
+    if not tool:
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True,
+                             text=True).stdout
+    m_reg, m_loc = re.search(r"REG:(\d+)", out), re.search(r"LOCAL:(\d+)", out)
+    if not m_reg:
+        return {}
+    return {"regs": int(m_reg.group(1)), "local_bytes": int(m_loc.group(1)) if m_loc else 0}
+
+
+# ---------------------------------------------------------------------------- compile
+
+def compile_job(job, arch: int):
+    """Compile one CompileJob for ``sm_<arch>``; returns Triton's compiled kernel."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    bad = 0
+    # as a real launch with aligned pointers and sizes/strides divisible by 16 would
+    # specialize (vectorized loads), M excepted (a batch of 1)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(job.signature) if n != "M"}
+    src = ASTSource(fn=job.kernel, signature={**job.signature,
+                                               **{k: "constexpr" for k in job.constexprs}},
+                    constexprs=job.constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": job.num_warps, "num_stages": job.num_stages})
+
+
+def check(archs=ARCHS, all_configs: bool = False, report: bool = False, only=None,
+          log=print) -> tuple[int, list[dict]]:
+    """Compile the kernels for each architecture.
+
+    Returns (number of unexpected results, one record per compiled job). Unexpected: a
+    kernel that fails to compile where it should (or compiles where it should not), and a
+    *default* configuration that needs more shared memory than the architecture has.
+    """
+    bad, records = 0, []
     for arch in archs:
-        for name, fn, sig, consts, warps, stages, must in _jobs(arch, all_configs):
-            # as a real launch with aligned pointers and sizes/strides divisible by 16 would
-            # specialize (vectorized loads), M excepted (a batch of 1)
-            attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if n != "M"}
-            src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}},
-                            constexprs=consts, attrs=attrs)
+        limit = SHARED_LIMIT.get(arch)
+        for job in jobs_for(arch, all_configs, only):
+            must = arch >= job.min_cc
+            rec = {"arch": arch, "name": job.name, "constexprs": job.constexprs,
+                   "num_warps": job.num_warps, "num_stages": job.num_stages,
+                   "default": job.default, "rows": job.rows}
             try:
-                triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                               options={"num_warps": warps, "num_stages": stages})
+                k = compile_job(job, arch)
                 ok, why = True, ""
             except Exception as err:  # noqa: BLE001  (reported, and counted when unexpected)
                 ok, why = False, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+            rec.update(compiled=ok, error=why or None)
             expected = ok == must
-            bad += not expected
             verdict = ("ok" if ok else "refused (expected)") if expected else "UNEXPECTED"
-            log(f"sm_{arch} {name:20s} {verdict:18s} {consts} warps={warps} stages={stages} {why}")
-    return bad
+            extra = ""
+            if ok:
+                shared = int(k.metadata.shared)
+                fits = limit is None or shared <= limit
+                rec.update(shared_bytes=shared, shared_fits=fits, mma=mma_kind(k.asm["ptx"]))
+                if not fits:
+                    verdict = "TOO MUCH SHARED" if job.default else "skipped at launch"
+                    expected = expected and not job.default
+                extra = f" shared {shared / 1024:.0f} KB" + ("" if fits else f" > {limit // 1024} KB")
+                extra += f" mma={rec['mma']}"
+                if report:
+                    loop = main_loop(k.asm["ptx"])
+                    threads = 32 * job.num_warps
+                    if loop and job.weight_bytes_per_step:
+                        per_byte = len(loop) * threads / job.weight_bytes_per_step
+                        i2f = sum(1 for x in loop if re.match(r"cvt\.rn\.f32\.[su](8|16|32)", x))
+                        i2f_per_byte = i2f * threads / job.weight_bytes_per_step
+                        rec.update(loop_instructions=len(loop),
+                                   instructions_per_weight_byte=round(per_byte, 2),
+                                   int_to_float_per_weight_byte=round(i2f_per_byte, 2),
+                                   loop_top=Counter(x.split()[0] for x in loop).most_common(5))
+                        extra += (f" loop {len(loop)} instr, {per_byte:.2f} per weight byte"
+                                  f" ({i2f_per_byte:.2f} int-to-float)")
+                    sass = sass_main_loop(k.asm["cubin"])
+                    if sass and job.weight_bytes_per_step:
+                        per_sass = len(sass) * threads / job.weight_bytes_per_step
+                        rec.update(sass_instructions_per_weight_byte=round(per_sass, 2))
+                        extra += f" (SASS {per_sass:.2f})"
+                    rec.update(resource_usage(k.asm["cubin"]))
+                    if "regs" in rec:
+                        extra += f" regs {rec['regs']} spill {rec['local_bytes']} B"
+            bad += not expected
+            records.append(rec)
+            cfg = {k_: v for k_, v in job.constexprs.items()}
+            log(f"sm_{arch} {job.name:20s} {verdict:18s} {cfg} warps={job.num_warps} "
+                f"stages={job.num_stages}{' (default)' if job.default else ''}{extra} {why}")
+    return bad, records
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--arch", type=int, nargs="+", default=[90], help="e.g. 80 89 90")
+    p.add_argument("--arch", type=int, nargs="+", default=list(ARCHS), help="e.g. 80 89 90")
     p.add_argument("--all-configs", action="store_true", help="every autotune config and dtype")
+    p.add_argument("--report", action="store_true",
+                   help="instructions per weight byte in the main loop, registers, spills")
+    p.add_argument("--only", nargs="+", help="kernels whose name contains one of these")
+    p.add_argument("--json", help="also write the records to this file")
     args = p.parse_args(argv)
     _reexec_for_aot(sys.argv[1:] if argv is None else list(argv))
     import kernels
@@ -112,7 +291,15 @@ def main(argv=None) -> int:
     except ImportError:
         print("SKIPPED: this triton build has no NVIDIA backend")
         return 0
-    bad = check(args.arch, args.all_configs)
+    bad, records = check(args.arch, args.all_configs, args.report, args.only)
+    if args.json:
+        import triton
+        with open(args.json, "w") as f:
+            cmd = "python -m kernels.compile_check " + " ".join(argv if argv is not None else sys.argv[1:])
+            json.dump({"command": cmd, "triton": triton.__version__,
+                       "issue_budget_h100": round(issue_budget(), 2),
+                       "records": records}, f, indent=1)
+            f.write("\n")
     print(f"{bad} unexpected result(s)")
     return 1 if bad else 0
 

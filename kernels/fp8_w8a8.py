@@ -20,7 +20,7 @@ Pseudo-code::
     # kernel 2: one program per (BLOCK_M, BLOCK_N) tile of y
     acc = 0 (fp32)
     for k0 in range(0, K, BLOCK_K):
-        acc += dot(xq[m-tile, k0:], wq[n-tile, k0:].T)   # FP8 x FP8 -> fp32
+        acc = dot(xq[m-tile, k0:], wq[n-tile, k0:].T, acc)   # FP8 x FP8, added into fp32 acc
     y = acc * xs[:, None] * ws[None, :]
 """
 from __future__ import annotations
@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 
 from kernels import INTERPRET
-from kernels._common import check_activations, check_device, choose, on_gpu, pow2_at_least
+from kernels._common import (CompileJob, check_activations, check_device, choose, config_jobs,
+                             on_gpu, pow2_at_least)
 
 FP8_MAX = 448.0                 # largest finite E4M3 value
 FP8_MIN_CC = (8, 9)             # Ada; Hopper is 9.0, Blackwell 10.x and 12.x
@@ -76,13 +77,15 @@ def quantize_rows_fp8_kernel(
         x = tl.load(x_ptr + m * stride_xm + offs_k, mask=offs_k < K, other=0.0)
         amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
     row_max = tl.max(amax, axis=0)
-    scale = tl.where(row_max > 0, row_max / 448.0, 1.0)
+    # div_rn: IEEE round-to-nearest division, as the host's torch does; a plain "/" becomes
+    # the GPU's approximate division (div.approx.f32), whose codes can differ by one step
+    scale = tl.where(row_max > 0, tl.div_rn(row_max, 448.0), 1.0)
     tl.store(xs_ptr + m, scale)
     for k0 in range(0, K, BLOCK_K):                          # pass 2: scale, clamp, cast
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
         x = tl.load(x_ptr + m * stride_xm + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+        q = tl.minimum(tl.maximum(tl.div_rn(x, scale), -448.0), 448.0)
         if ROUND_FIRST:
             q = _round_to_e4m3_grid(q)
         tl.store(xq_ptr + m * stride_qm + offs_k, q.to(tl.float8e4nv), mask=k_mask)
@@ -117,7 +120,9 @@ def fp8_gemm_kernel(
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # (BLOCK_M, BLOCK_K) fp8
         b = tl.load(b_ptr + offs_n[:, None] * stride_bn + offs_k[None, :],
                     mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # (BLOCK_N, BLOCK_K) fp8
-        acc += tl.dot(a, tl.trans(b))                        # FP8 x FP8 -> fp32
+        # the accumulator form: on Hopper one wgmma adds into acc (acc += tl.dot(...) would
+        # start every product from zero and add it with separate instructions)
+        acc = tl.dot(a, tl.trans(b), acc)                    # FP8 x FP8 -> fp32
     a_s = tl.load(as_ptr + offs_m, mask=m_mask, other=0.0)  # (BLOCK_M,)
     b_s = tl.load(bs_ptr + offs_n, mask=n_mask, other=0.0)  # (BLOCK_N,)
     acc = acc * a_s[:, None] * b_s[None, :]
@@ -195,8 +200,11 @@ def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-             out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """y = (xq * xs[:, None]) @ (w_q * w_scale[:, None]).T with FP8 tensor-core maths."""
+             out_dtype: torch.dtype = torch.bfloat16, config=None) -> torch.Tensor:
+    """y = (xq * xs[:, None]) @ (w_q * w_scale[:, None]).T with FP8 tensor-core maths.
+
+    ``config`` forces one configuration of ``_GEMM_CONFIGS`` (the tests run each).
+    """
     require_fp8()
     ws = _check_weights(w_q, w_scale)
     N, K = w_q.shape
@@ -212,7 +220,7 @@ def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, w_q: torch.Tensor, w_scale: tor
     if M == 0:
         return y
     interp = {"BLOCK_M": pow2_at_least(M, 16, 32), "BLOCK_N": 32, "BLOCK_K": 32}
-    kernel, meta = choose(_gemm, fp8_gemm_kernel, _GEMM_DEFAULT, interp)
+    kernel, meta = choose(_gemm, fp8_gemm_kernel, _GEMM_DEFAULT, interp, config)
     grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]), triton.cdiv(N, m["BLOCK_N"]))  # noqa: E731
     kernel[grid](xq, xs, w_q, ws, y, M, N, K, xq.stride(0), w_q.stride(0), y.stride(0), **meta)
     return y
@@ -230,6 +238,32 @@ def fp8_w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -
     xq, xs = quantize_rows_fp8(x)                                       # (M, K), (M,)
     y = fp8_gemm(xq, xs, w_q, w_scale, out_dtype=x.dtype)               # (M, N)
     return y.reshape(*x.shape[:-1], w_q.shape[0])
+
+
+# ---------------------------------------------------------------------------- compile check
+
+def compile_jobs(arch: int, all_configs: bool = False):
+    """What ``kernels.compile_check`` compiles for this file; FP8 needs sm_89 or newer.
+
+    With ``BLOCK_M`` below 64, Hopper's compiler uses ``mma.sync`` on fp16 operands (the
+    FP8 codes converted), not FP8 ``wgmma``: the report's ``mma`` column shows which.
+    """
+    acts = ["*bf16", "*fp16", "*fp32"] if all_configs else ["*fp16" if arch < 80 else "*bf16"]
+    jobs = []
+    for act in acts:
+        jobs.append(CompileJob(
+            "quantize_rows_fp8", quantize_rows_fp8_kernel,
+            dict(x_ptr=act, xq_ptr="*fp8e4nv", xs_ptr="*fp32", K="i32", stride_xm="i32",
+                 stride_qm="i32"),
+            dict(BLOCK_K=1024, ROUND_FIRST=False), 4, 3, min_cc=89, default=True))
+        jobs += config_jobs(
+            "fp8_gemm", fp8_gemm_kernel,
+            dict(a_ptr="*fp8e4nv", as_ptr="*fp32", b_ptr="*fp8e4nv", bs_ptr="*fp32", y_ptr=act,
+                 M="i32", N="i32", K="i32", stride_am="i32", stride_bn="i32", stride_ym="i32"),
+            {}, _GEMM_CONFIGS, _GEMM_DEFAULT, all_configs, min_cc=89,
+            rows=lambda c: c["BLOCK_M"],
+            weight_bytes_per_step=lambda c: c["BLOCK_N"] * c["BLOCK_K"])
+    return jobs
 
 
 # ---------------------------------------------------------------------------- reference
@@ -283,6 +317,17 @@ def fp8_w8a8_reference(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor
 
 
 # ---------------------------------------------------------------------------- benchmark
+
+def bench_backends(act_dtype=torch.bfloat16, with_fp8: bool = False):
+    """This file's entry in the GPU benchmark (``kernels.bench.GPU_KERNEL_MODULES``): only
+    where FP8 maths runs (``with_fp8``: compute capability 8.9+ or the interpreter)."""
+    from kernels.bench import Backend
+
+    if not with_fp8:
+        return []
+    return [Backend("fp8 w8a8", lambda w: quantize_weight(w, fast=True),
+                    lambda x, st: fp8_w8a8_linear(x, *st), act_dtype, 8, "per_channel")]
+
 
 def benchmark(shapes=((4096, 4096), (8192, 28672)), batches=(1, 16, 4096), dtype=torch.bfloat16):
     """Median time, quantization of x included, against torch BF16 F.linear (GPU, cc >= 8.9)."""

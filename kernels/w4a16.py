@@ -3,35 +3,48 @@
 What you will learn
 -------------------
 * Packing: two 4-bit codes share a byte (``course_lib.quant.pack_int4``): element 2i in the
-  low nibble, 2i+1 in the high nibble. The kernel unpacks them in registers with ``& 0xF``
-  and ``>> 4``; signed codes come back from two's complement with ``(v ^ 8) - 8``.
+  low nibble, 2i+1 in the high nibble. Four bytes make a 32-bit word holding 8 codes in
+  order, code j in bits 4j..4j+3 (the compressed-tensors ``pack-quantized`` layout). The
+  kernels load whole words and unpack them in registers.
+* Cheap dequantization, the bit trick (Marlin does it with one LOP3 instruction): a float32
+  whose bit pattern is ``0x4B000000 | u`` is exactly 2**23 + u for a small integer u, so
+  ``((word >> 4j) & 0xF) | 0x4B000000`` reinterpreted as float, minus 2**23, is the code as
+  a float with no int-to-float conversion (``unpack_int4_words`` does exactly this). Signed
+  codes (-8..7, two's complement) become 0..15 with one XOR of the whole word with
+  0x88888888. The GEMV kernel saves the shift too: it leaves code j where it is, at bit
+  4i (i = j % 5; one shift of the word by 20 after code 4), so its float is 2**23 + u *
+  16**i, and the 16**i is divided out of x once per call, exactly (a power of two). Per
+  code: one AND-OR (a LOP3), one subtraction, one multiply-add. The zero point (8 for
+  signed codes) is applied once per word: sum x * (u - z) = sum x * u - z * sum x.
 * Group-wise scales: one scale per ``GROUP`` consecutive weights of a row (128 by default;
-  32 and 64 too). The kernel steps through K a whole number of groups at a time, so it
-  loads each scale exactly once, and applies it once per group to a partial sum (or, in
-  the variant a GPU may pick by autotuning, ``DEFER_SUM``, broadcasts it over its group in
-  registers and sums across K only once, after the loop).
+  32 and 64 too). The kernel steps through K a whole number of groups at a time, sums each
+  group's products first and multiplies by its scale once.
 * Optional zero points (asymmetric codes 0..15): ``w = (q - zero) * scale``.
-* Even/odd split: instead of interleaving the unpacked nibbles back into order, load x
-  contiguously, split it into even and odd columns (``tl.split``), and multiply the low
-  nibbles by x[k0 + 0, 2, 4, ...] and the high nibbles by x[k0 + 1, 3, 5, ...].
+* One program covers every token of a small batch (up to ``GEMV_MAX_M`` rows): each weight
+  tile is loaded and unpacked once, then used for all rows; x is loaded in the same
+  (groups, weights-in-group) layout as the unpacked tile.
 
 The maths: ``y[m, n] = sum_g scale[n, g] * sum_{k in group g} x[m, k] * (q[n, k] - zero[n, g])``
-with q unpacked from ``packed`` (N, K/2) uint8, ``scale``/``zero`` (N, K/GROUP).
+with q unpacked from ``packed`` (N, K/2) uint8 (seen by the kernels as (N, K/8) int32 words),
+``scale``/``zero`` (N, K/GROUP).
 
-Pseudo-code of the GEMV kernel (one program = one row m of x, BLOCK_N rows of W)::
+Pseudo-code of the GEMV kernel (one program = all M rows of x, BLOCK_N rows of W)::
 
-    acc[BLOCK_N] = 0
-    for g in this program's groups:                       # k0 = g * GROUP (on a GPU, GPI
-                                                          # groups per step: wider loads)
-        p   = load packed[n0:n0+BLOCK_N, k0/2 : k0/2 + GROUP/2]   # uint8, half a byte per weight
-        lo  = p & 0xF ; hi = p >> 4                       # unpack in registers
-        x_e, x_o = even, odd columns of load x[m, k0 : k0 + GROUP]
-        part = sum(lo * x_e + hi * x_o) - zero[:, g] * sum(x_e + x_o)
-        acc += scale[:, g] * part                         # one scale per group, once
-    y[m, n0:n0+BLOCK_N] (+)= acc
+    xp[m, j, w] = x[m, 8w + j] / 16**(j % 5); xp[m, 8, w] = sum_j x[m, 8w + j]   # once per call
+    acc[M, BLOCK_N, W] = 0                         # one partial sum per (token, output, word)
+    for each step of BLOCK_K weights (W = BLOCK_K / 8 words, a whole number of groups):
+        words = load packed[n0:n0+BLOCK_N, step] as int32   # 8 codes per word, evict-first
+        words ^= 0x88888888 (signed codes)         # +8 to every nibble: codes now 0..15
+        s, z  = scale and zero point of each word's group   # z = 8 for signed codes
+        for j in 0..7:                             # unrolled; after j = 4, words >>= 20
+            v = float_bits((words & (0xF << 4i)) | 0x4B000000) - 2**23   # i = j % 5: u * 16**i
+            part += xp[:, j, step words] * v       # = x * u; no data moved between threads
+        acc += (part - z * xp[:, 8, step words]) * s        # zero point and scale once per word
+    y[:, n0:n0+BLOCK_N] (+)= sum of acc over words # one cross-thread sum, after the loop
 
-The GEMM kernel (batch > 8) dequantizes each unpacked tile to 16 bits in registers and
-feeds it to ``tl.dot`` twice (low nibbles with even columns of x, high with odd ones).
+The GEMM kernel (batch > 8) reads the packed bytes, turns low and high nibbles into floats
+with the same bit trick, multiplies by the scale, and feeds them to ``tl.dot`` (in its
+accumulator form) with the even and odd columns of x (x in the weight tile's layout).
 """
 from __future__ import annotations
 
@@ -44,102 +57,115 @@ import triton
 import triton.language as tl
 
 from kernels import INTERPRET
-from kernels._common import (GEMV_MAX_M, check_activations, check_device, choose, gemv_plan,
-                             pow2_at_least)
+from kernels._common import (GEMV_MAX_M, check_activations, check_device, choose,
+                             config_jobs, gemv_plan, pow2_at_least)
 
 GROUP_SIZES = (32, 64, 128)
+# Globals a @triton.jit function reads must be tl.constexpr; ``.value`` is the plain number.
+MAGIC = tl.constexpr(0x4B000000)     # the bits of float32 2**23: its low mantissa bits are free
+TWO_23 = tl.constexpr(8388608.0)     # 2**23
+FLIP = tl.constexpr(-0x77777778)     # 0x88888888 as a signed 32-bit number: +8 to every nibble
 
 
 # ---------------------------------------------------------------------------- kernels
 
 @triton.jit
-def _unpack(p, HAS_ZERO: tl.constexpr):
-    """uint8 bytes -> (low, high) nibbles as fp32; signed two's complement unless HAS_ZERO."""
-    p = p.to(tl.int32)
-    lo = p & 0xF
-    hi = (p >> 4) & 0xF
-    if not HAS_ZERO:                 # symmetric codes are signed: 0xF means -1
-        lo = (lo ^ 8) - 8
-        hi = (hi ^ 8) - 8
-    return lo.to(tl.float32), hi.to(tl.float32)
-
-
-@triton.jit
 def w4a16_gemv_kernel(
-    x_ptr,        # activations, (M, K) contiguous, fp16/bf16/fp32
-    p_ptr,        # packed int4 weights, (N, K // 2) uint8, two codes per byte
+    x_ptr,        # activations in the weight's layout, (M, 9, K // 8) fp32 (gemv_activations)
+    p_ptr,        # packed int4 weights seen as int32 words, (N, K // 8), 8 codes per word
     s_ptr,        # scales, (N, K // GROUP), any float dtype
     z_ptr,        # zero points, (N, K // GROUP) (ignored unless HAS_ZERO)
     y_ptr,        # output, (M, N); fp32 and zero-filled when SPLIT_K > 1
-    M, N, K,      # problem size (K counts unpacked weights)
-    stride_xm,    # elements between rows of x
-    stride_pn,    # bytes between rows of packed
+    M, N, K,      # problem size (K counts unpacked weights; M <= BLOCK_M)
+    stride_xm,    # elements between tokens of x (9 * K // 8)
+    stride_pn,    # int32 words between rows of packed
     stride_sn,    # elements between rows of scale (and of zero)
     stride_ym,    # elements between rows of y
+    magic,        # 0x4B000000 (MAGIC), passed at run time: see the note in the wrapper
     GROUP: tl.constexpr,     # weights per scale along K (32, 64 or 128)
-    GPI: tl.constexpr,       # groups per loop step (1, 2, 4: wider loads on a GPU)
+    BLOCK_K: tl.constexpr,   # weights per loop step: a whole number of groups (>= GROUP)
+    BLOCK_M: tl.constexpr,   # rows of x per program: a power of 2 >= M (1, 2, 4 or 8)
     BLOCK_N: tl.constexpr,   # rows of W (outputs) per program
     SPLIT_K: tl.constexpr,   # programs sharing one output block along K
     HAS_ZERO: tl.constexpr,  # asymmetric codes 0..15 with zero points
-    DEFER_SUM: tl.constexpr,  # True: sum across K once after the loop (autotuned on a GPU)
 ):
-    m = tl.program_id(0)              # which row of x: fastest-varying, so the programs
-    pid_n = tl.program_id(1)          # sharing a block of W run together (L2 reuse)
-    pid_k = tl.program_id(2)
-    HALF: tl.constexpr = GROUP // 2                          # bytes per group and row
+    pid_n = tl.program_id(0)          # which block of outputs
+    pid_k = tl.program_id(1)          # which slice of K
+    WPG: tl.constexpr = GROUP // 8                           # int32 words per group and row
+    W: tl.constexpr = BLOCK_K // 8                           # int32 words per row and step
+    offs_m = tl.arange(0, BLOCK_M)                           # (BLOCK_M,) every token
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # (BLOCK_N,)
-    n_mask = offs_n < N
-    offs_j = tl.arange(0, GPI * HALF)                        # (GPI*HALF,) byte within a step
-    offs_gi = tl.arange(0, GPI)                              # (GPI,) group within a step
+    offs_w = tl.arange(0, W)                                 # (W,) word within a step
     n_groups = K // GROUP
     g_per_split = tl.cdiv(n_groups, SPLIT_K)
     g_begin = pid_k * g_per_split
     g_end = tl.minimum(g_begin + g_per_split, n_groups)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)            # (BLOCK_N,)
-    acc2 = tl.zeros((BLOCK_N, GPI * HALF), dtype=tl.float32)  # used when DEFER_SUM
-    for g0 in range(g_begin, g_end, GPI):
-        col_mask = g0 + offs_j // HALF < g_end               # (GPI*HALF,) groups past the end
-        p = tl.load(p_ptr + offs_n[:, None] * stride_pn + (g0 * HALF + offs_j)[None, :],
-                    mask=n_mask[:, None] & col_mask[None, :], other=0)  # (BLOCK_N, GPI*HALF) uint8
-        lo, hi = _unpack(p, HAS_ZERO)                        # (BLOCK_N, GPI*HALF) each
-        offs_k = g0 * GROUP + tl.arange(0, 2 * GPI * HALF)   # (GPI*GROUP,) one contiguous load
-        x = tl.load(x_ptr + m * stride_xm + offs_k, mask=offs_k < g_end * GROUP, other=0.0)
-        x_e, x_o = tl.split(tl.reshape(x.to(tl.float32), (GPI * HALF, 2)))  # even, odd columns
-        offs_g = g0 + offs_gi                                # (GPI,)
-        sz_mask = n_mask[:, None] & (offs_g < g_end)[None, :]
-        sz_off = offs_n[:, None] * stride_sn + offs_g[None, :]          # (BLOCK_N, GPI)
-        s = tl.load(s_ptr + sz_off, mask=sz_mask, other=0.0).to(tl.float32)   # once per group
-        if DEFER_SUM:   # scale (and zero) broadcast over the group in registers; sum at the end
-            s_full = tl.reshape(tl.broadcast_to(s[:, :, None], (BLOCK_N, GPI, HALF)),
-                                (BLOCK_N, GPI * HALF))
-            if HAS_ZERO:
-                z = tl.load(z_ptr + sz_off, mask=sz_mask, other=0).to(tl.float32)
-                z_full = tl.reshape(tl.broadcast_to(z[:, :, None], (BLOCK_N, GPI, HALF)),
-                                    (BLOCK_N, GPI * HALF))
-                lo -= z_full
-                hi -= z_full
-            acc2 += s_full * (lo * x_e[None, :] + hi * x_o[None, :])
-        else:           # sum each group now, then one multiply by its scale
-            prod = lo * x_e[None, :] + hi * x_o[None, :]     # (BLOCK_N, GPI*HALF)
-            part = tl.sum(tl.reshape(prod, (BLOCK_N, GPI, HALF)), axis=2)   # (BLOCK_N, GPI)
-            if HAS_ZERO:
-                z = tl.load(z_ptr + sz_off, mask=sz_mask, other=0).to(tl.float32)
-                x_sum = tl.sum(tl.reshape(x_e + x_o, (GPI, HALF)), axis=1)  # (GPI,)
-                part -= z * x_sum[None, :]
-            acc += tl.sum(s * part, axis=1)                  # one scale per group
-    if DEFER_SUM:
-        acc = tl.sum(acc2, axis=1)
-    y_ptrs = y_ptr + m * stride_ym + offs_n
+    # Every tile is 3-D, (token, output, word), so that the weight tile and x broadcast
+    # against each other without moving data between threads. One partial sum per (token,
+    # output, word): products are added element-wise in the loop; the sum across words (a
+    # cross-thread reduction) is done once, after the loop.
+    t3 = offs_m[:, None, None]                               # (BLOCK_M, 1, 1) token
+    n3 = offs_n[None, :, None]                               # (1, BLOCK_N, 1) output
+    w3 = offs_w[None, None, :]                               # (1, 1, W) word in the step
+    acc3 = tl.zeros((BLOCK_M, BLOCK_N, W), dtype=tl.float32)   # (BLOCK_M, BLOCK_N, W)
+    for g0 in range(g_begin, g_end, BLOCK_K // GROUP):      # a whole number of groups a step
+        kw_mask = (g0 + w3 // WPG) < g_end                   # (1, 1, W) words past the end
+        w_mask = (n3 < N) & kw_mask                          # (1, BLOCK_N, W)
+        # the weight tile: read once for the whole batch; evict_first because nothing else
+        # reads it, so it should not push x out of the L2 cache
+        words = tl.load(p_ptr + n3 * stride_pn + g0 * WPG + w3, mask=w_mask, other=0,
+                        eviction_policy="evict_first")       # (1, BLOCK_N, W) int32
+        if not HAS_ZERO:
+            words = words ^ FLIP                             # signed codes -> 0..15 (+8)
+        # scale and zero point of each word's group (repeated addresses: cached)
+        sz_ptrs = n3 * stride_sn + g0 + w3 // WPG            # (1, BLOCK_N, W)
+        s = tl.load(s_ptr + sz_ptrs, mask=w_mask, other=0.0).to(tl.float32)
+        if HAS_ZERO:
+            zero = tl.load(z_ptr + sz_ptrs, mask=w_mask, other=0).to(tl.float32)
+        else:
+            zero = tl.full((1, BLOCK_N, W), 8.0, tl.float32)  # the XOR shifted codes by 8
+        x_mask = (t3 < M) & kw_mask                          # (BLOCK_M, 1, W)
+        x_row = x_ptr + t3 * stride_xm + g0 * WPG + w3       # plane 0 of this step's words
+        for j in tl.static_range(8):                         # code j of every word
+            if j == 5:
+                words = words >> 20                          # codes 5..7 down to bits 0..11
+            # the code stays in place: bits 0x4B000000 | (u << 4i) are the float 2**23 + u * 16**i
+            bits = (words & (0xF << (4 * (j % 5)))) | magic  # i = j % 5 (at most bits 16..19)
+            v = bits.to(tl.float32, bitcast=True) - TWO_23   # (1, BLOCK_N, W) u * 16**i, exact
+            # x in the weight tile's layout, plane j: x[:, 8w + j] / 16**i (exact), so that
+            # x_j * v = x * u; contiguous along w
+            x_j = tl.load(x_row + j * (K // 8), mask=x_mask, other=0.0)   # (BLOCK_M, 1, W)
+            if j == 0:
+                part = x_j * v                               # (BLOCK_M, BLOCK_N, W)
+            else:
+                part += x_j * v                              # sum over the word of x * u
+        x_sum = tl.load(x_row + 8 * (K // 8), mask=x_mask, other=0.0)   # plane 8: sum of x
+        # sum of x * (u - zero) = sum of x * u - zero * sum of x; the scale once per word
+        acc3 += (part - zero * x_sum) * s
+    acc = tl.sum(acc3, axis=2)                               # (BLOCK_M, BLOCK_N)
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    y_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     if SPLIT_K == 1:
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
     else:
-        tl.atomic_add(y_ptrs, acc, mask=n_mask)
+        tl.atomic_add(y_ptrs, acc, mask=y_mask)
+
+
+@triton.jit
+def _nibbles_to_float(p, HAS_ZERO: tl.constexpr):
+    """uint8 bytes (R, C) -> (low, high) nibbles as exact fp32 codes, by the bit trick."""
+    p = p.to(tl.int32)
+    if not HAS_ZERO:                 # symmetric codes are signed: 0xF means -1; XOR adds 8
+        p = p ^ 0x88
+    lo = ((p & 0xF) | MAGIC).to(tl.float32, bitcast=True)          # 2**23 + u
+    hi = (((p >> 4) & 0xF) | MAGIC).to(tl.float32, bitcast=True)
+    return lo, hi
 
 
 @triton.jit
 def w4a16_gemm_kernel(
     x_ptr,        # activations, (M, K) contiguous
-    p_ptr,        # packed int4 weights, (N, K // 2) uint8
+    p_ptr,        # packed int4 weights, (N, K // 2) uint8, two codes per byte
     s_ptr,        # scales, (N, K // GROUP)
     z_ptr,        # zero points, (N, K // GROUP) (ignored unless HAS_ZERO)
     y_ptr,        # output, (M, N)
@@ -166,46 +192,88 @@ def w4a16_gemm_kernel(
     for g in range(0, K // GROUP):
         k0 = g * GROUP
         p = tl.load(p_ptr + offs_n[:, None] * stride_pn + (k0 // 2 + offs_j)[None, :],
-                    mask=n_mask[:, None], other=0)           # (BLOCK_N, HALF) uint8
-        lo, hi = _unpack(p, HAS_ZERO)
+                    mask=n_mask[:, None], other=0,
+                    eviction_policy="evict_first")           # (BLOCK_N, HALF) uint8
+        lo, hi = _nibbles_to_float(p, HAS_ZERO)              # (BLOCK_N, HALF) each, 2**23 + u
         s = tl.load(s_ptr + offs_n * stride_sn + g, mask=n_mask, other=0.0).to(tl.float32)
         if HAS_ZERO:
-            z = tl.load(z_ptr + offs_n * stride_sn + g, mask=n_mask, other=0).to(tl.float32)
-            lo -= z[:, None]
-            hi -= z[:, None]
-        w_lo = lo * s[:, None]                               # (BLOCK_N, HALF) dequantized
-        w_hi = hi * s[:, None]
+            zero = tl.load(z_ptr + offs_n * stride_sn + g, mask=n_mask, other=0).to(tl.float32)
+        else:
+            zero = tl.full((BLOCK_N,), 8.0, tl.float32)     # the XOR shifted codes by 8
+        bias = (zero + TWO_23)[:, None]                      # (BLOCK_N, 1)
+        w_lo = (lo - bias) * s[:, None]                      # (BLOCK_N, HALF) dequantized
+        w_hi = (hi - bias) * s[:, None]
+        # x in the weight tile's layout: even columns meet low nibbles, odd ones high
         offs_k = k0 + tl.arange(0, GROUP)                    # (GROUP,)
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                     mask=m_mask[:, None], other=0.0)         # (BLOCK_M, GROUP), contiguous
         x_e, x_o = tl.split(tl.reshape(x, (BLOCK_M, HALF, 2)))        # (BLOCK_M, HALF) each
+        # the accumulator form: the tensor cores add into acc directly
         if DOT_FP32:
-            acc += tl.dot(x_e.to(tl.float32), tl.trans(w_lo), input_precision="ieee")
-            acc += tl.dot(x_o.to(tl.float32), tl.trans(w_hi), input_precision="ieee")
+            acc = tl.dot(x_e.to(tl.float32), tl.trans(w_lo), acc, input_precision="ieee")
+            acc = tl.dot(x_o.to(tl.float32), tl.trans(w_hi), acc, input_precision="ieee")
         else:
-            acc += tl.dot(x_e, tl.trans(w_lo.to(x_e.dtype)))
-            acc += tl.dot(x_o, tl.trans(w_hi.to(x_o.dtype)))
+            acc = tl.dot(x_e, tl.trans(w_lo.to(x_e.dtype)), acc)
+            acc = tl.dot(x_o, tl.trans(w_hi.to(x_o.dtype)), acc)
     tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
              acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
-_GEMV_CONFIGS = [triton.Config({"GPI": gpi, "DEFER_SUM": d}, num_warps=w, num_stages=s)
-                 for d in (False, True)
-                 for gpi, w, s in [(1, 4, 4), (2, 4, 3), (2, 4, 4), (4, 4, 3), (4, 8, 3), (8, 8, 2)]]
+# BLOCK_K: weights per GEMV step (2 or more groups of 64 or 32 per step, 1-2 of 128).
+_GEMV_CONFIGS = [triton.Config({"BLOCK_K": bk}, num_warps=w, num_stages=s)
+                 for bk, w, s in [(128, 4, 4), (128, 4, 3), (256, 4, 3), (256, 8, 3),
+                                  (512, 4, 3), (512, 8, 2)]]
 _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
                  for bm, bn, w, s in [(16, 16, 2, 4), (16, 32, 4, 4), (16, 64, 4, 4),
                                       (32, 64, 4, 4), (64, 64, 4, 4),
                                       (64, 128, 4, 4), (128, 128, 8, 3), (128, 256, 8, 3)]]
-_GEMV_DEFAULT = triton.Config({"GPI": 2, "DEFER_SUM": False}, num_warps=4, num_stages=3)
+_GEMV_DEFAULT = triton.Config({"BLOCK_K": 256}, num_warps=4, num_stages=3)
 _GEMM_DEFAULT = triton.Config({"BLOCK_M": 16, "BLOCK_N": 64}, num_warps=4, num_stages=4)
 # Split-K programs add into y: autotuning must leave it zero for the real call
 # (reset before each trial, restored after: safe across Triton versions).
 if INTERPRET:
     _gemv, _gemm = w4a16_gemv_kernel, w4a16_gemm_kernel
 else:
-    _gemv = triton.autotune(_GEMV_CONFIGS, key=["M", "N", "K", "GROUP", "SPLIT_K"],
+    _gemv = triton.autotune(_GEMV_CONFIGS, key=["M", "N", "K", "GROUP", "BLOCK_M", "BLOCK_N",
+                                                "SPLIT_K"],
                             reset_to_zero=["y_ptr"], restore_value=["y_ptr"])(w4a16_gemv_kernel)
     _gemm = triton.autotune(_GEMM_CONFIGS, key=["M", "N", "K", "GROUP"])(w4a16_gemm_kernel)
+
+
+def gemv_activations(x: torch.Tensor) -> torch.Tensor:
+    """x (M, K) -> (M, 9, K/8) fp32: the GEMV kernel's activations, in its weight tile's layout.
+
+    Plane j (0..7) holds x[:, 8w + j] / 16**(j % 5): the kernel leaves code j of a word in
+    place (shifted by 4 * (j % 5) bits), so its float is u * 16**(j % 5) and this exact
+    power-of-two factor undoes that. Plane 8 holds the sum of each word's 8 activations,
+    for the zero point: sum of x * (u - z) = sum of x * u - z * sum of x. M x K values, tiny
+    next to the weights; computed once per call.
+    """
+    M, K = x.shape
+    x8 = x.float().reshape(M, K // 8, 8)                                # (M, K/8, 8)
+    undo = 16.0 ** -(torch.arange(8, device=x.device) % 5)              # (8,) powers of two
+    planes = (x8 * undo).transpose(1, 2)                                # (M, 8, K/8)
+    return torch.cat([planes, x8.sum(dim=2)[:, None, :]], dim=1).contiguous()   # (M, 9, K/8)
+
+
+def unpack_int4_words(words: torch.Tensor, signed: bool = True) -> torch.Tensor:
+    """The kernels' bit-trick unpacking in plain torch: int32 words (..., W) -> (..., 8W) fp32.
+
+    Each word holds 8 codes, code j in bits 4j..4j+3. ``((word >> 4j) & 0xF) | 0x4B000000``
+    read as a float32 is 2**23 + u; subtracting 2**23 (and 8 for signed codes, which the XOR
+    with 0x88888888 moved to 0..15) leaves the code, exactly. Lesson 09's exercise
+    re-implements this; ``tests/test_kernels_w4a16.py`` checks it against
+    ``course_lib.quant.unpack_int4`` for every code.
+    """
+    if not isinstance(words, torch.Tensor) or words.dtype != torch.int32:
+        raise TypeError("words must be an int32 tensor: view packed uint8 codes with "
+                        "packed.view(torch.int32) (the last dim must be a multiple of 4 bytes)")
+    if signed:
+        words = words ^ FLIP.value                                       # (..., W)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=words.device)   # (8,)
+    bits = ((words[..., None] >> shifts) & 0xF) | MAGIC.value            # (..., W, 8)
+    f = bits.view(torch.float32) - (TWO_23.value + (8.0 if signed else 0.0))   # exact codes
+    return f.reshape(*words.shape[:-1], -1)                              # (..., 8W)
 
 
 # ---------------------------------------------------------------------------- weights
@@ -281,20 +349,22 @@ def _check_weight(wt: W4A16Weight) -> None:
 
 def w4a16_linear(x: torch.Tensor, wt: W4A16Weight, *, block_n: int | None = None,
                  split_k: int | None = None, force_gemm: bool = False,
-                 gpi: int | None = None, defer_sum: bool = False) -> torch.Tensor:
+                 block_k: int | None = None, config=None) -> torch.Tensor:
     """y = x @ dequantize(wt).T with the Triton kernels (lesson 09).
 
     x: (..., K) fp16/bf16/fp32. Returns (..., N) in x's dtype. ``block_n``/``split_k``
-    override the GEMV launch plan; ``gpi`` (groups per loop step) and ``defer_sum`` (sum
-    across K after the loop) choose the GEMV variant in the interpreter, where a GPU
-    autotunes them; ``force_gemm`` takes the tl.dot kernel at any batch.
+    override the GEMV launch plan; ``block_k`` (weights per GEMV step, a multiple of the
+    group size) chooses the GEMV variant in the interpreter, where a GPU autotunes it;
+    ``force_gemm`` takes the tl.dot kernel at any batch; ``config`` forces one configuration
+    of ``_GEMV_CONFIGS``/``_GEMM_CONFIGS`` (tests use these to reach every path).
     """
     _check_weight(wt)
     N, K, G = wt.N, wt.K, wt.group_size
     x2 = check_activations(x, K)                                       # (M, K)
-    packed, scale = wt.packed.contiguous(), wt.scale.contiguous()
+    words = wt.packed.contiguous().view(torch.int32)                   # (N, K/8): 8 codes a word
+    scale = wt.scale.contiguous()
     zero = wt.zero.contiguous() if wt.zero is not None else scale      # placeholder pointer
-    check_device(x2, packed, scale, zero)
+    check_device(x2, words, scale, zero)
     M = x2.shape[0]
     out_shape = (*x.shape[:-1], N)
     if M == 0:
@@ -303,23 +373,67 @@ def w4a16_linear(x: torch.Tensor, wt: W4A16Weight, *, block_n: int | None = None
     if M <= GEMV_MAX_M and not force_gemm:
         bn, sk = gemv_plan(M, N, K, k_unit=G)
         bn, sk = block_n or bn, split_k or sk
+        bk = block_k or max(G, 64)
+        if bk % G or bk & (bk - 1):
+            raise ValueError(f"block_k={bk} must be a power of two and a multiple of the "
+                             f"group size {G}")
         y = (torch.zeros((M, N), dtype=torch.float32, device=x.device) if sk > 1
              else torch.empty((M, N), dtype=x.dtype, device=x.device))        # (M, N)
-        grid = (M, triton.cdiv(N, bn), sk)
-        kernel, meta = choose(_gemv, w4a16_gemv_kernel, _GEMV_DEFAULT,
-                              {"GPI": gpi or 2, "DEFER_SUM": defer_sum})
-        kernel[grid](x2, packed, scale, zero, y, M, N, K, x2.stride(0), packed.stride(0),
-                     scale.stride(0), y.stride(0), GROUP=G, BLOCK_N=bn, SPLIT_K=sk,
-                     HAS_ZERO=has_zero, **meta)
+        grid = (triton.cdiv(N, bn), sk)          # one program per block of outputs (x K split)
+        kernel, meta = choose(_gemv, w4a16_gemv_kernel, _GEMV_DEFAULT, {"BLOCK_K": bk}, config)
+        xp = gemv_activations(x2)                                       # (M, 9, K/8) fp32
+        # MAGIC goes in as a run-time argument: as a compile-time constant, the GPU compiler
+        # re-creates it in a register before every use (a LOP3 instruction holds only one
+        # constant), about 1.5 instructions per weight byte more (kernels.compile_check)
+        kernel[grid](xp, words, scale, zero, y, M, N, K, xp.stride(0), words.stride(0),
+                     scale.stride(0), y.stride(0), MAGIC.value, GROUP=G, BLOCK_M=pow2_at_least(M, 1, GEMV_MAX_M),
+                     BLOCK_N=bn, SPLIT_K=sk, HAS_ZERO=has_zero, **meta)
         return y.to(x.dtype).reshape(out_shape)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)                   # (M, N)
     interp = {"BLOCK_M": pow2_at_least(M, 16, 32), "BLOCK_N": block_n or 32}
-    kernel, meta = choose(_gemm, w4a16_gemm_kernel, _GEMM_DEFAULT, interp)
+    kernel, meta = choose(_gemm, w4a16_gemm_kernel, _GEMM_DEFAULT, interp, config)
     grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]), triton.cdiv(N, m["BLOCK_N"]))  # noqa: E731
+    packed = wt.packed.contiguous()                                     # (N, K/2) uint8
     kernel[grid](x2, packed, scale, zero, y, M, N, K, x2.stride(0), packed.stride(0),
                  scale.stride(0), y.stride(0), GROUP=G, HAS_ZERO=has_zero,
                  DOT_FP32=INTERPRET or x.dtype == torch.float32, **meta)
     return y.reshape(out_shape)
+
+
+# ---------------------------------------------------------------------------- compile check
+
+def compile_jobs(arch: int, all_configs: bool = False):
+    """What ``kernels.compile_check`` compiles for this file: the GEMV at 1, 4 and 8 rows
+    (and split-K), the GEMM; symmetric and with zero points; group 128 (every group size
+    with ``all_configs``)."""
+    acts = ["*bf16", "*fp16", "*fp32"] if all_configs else ["*fp16" if arch < 80 else "*bf16"]
+    jobs = []
+    for act in acts:
+        for group in ((32, 64, 128) if all_configs else (128,)):
+            for has_zero in (False, True):
+                sig = dict(x_ptr="*fp32", p_ptr="*i32", s_ptr="*fp16",
+                           z_ptr="*i32" if has_zero else "*fp16", y_ptr=act, M="i32", N="i32",
+                           K="i32", stride_xm="i32", stride_pn="i32", stride_sn="i32",
+                           stride_ym="i32", magic="i32")
+                wbytes = lambda c: c["BLOCK_N"] * c["BLOCK_K"] // 2  # noqa: E731
+                for rows in (1, 4, 8):
+                    consts = dict(GROUP=group, BLOCK_M=rows, BLOCK_N=32 if rows <= 2 else 16,
+                                  SPLIT_K=1, HAS_ZERO=has_zero)
+                    jobs += config_jobs("w4a16_gemv", w4a16_gemv_kernel, sig, consts,
+                                        _GEMV_CONFIGS, _GEMV_DEFAULT, all_configs, rows=rows,
+                                        weight_bytes_per_step=wbytes)
+                consts = dict(GROUP=group, BLOCK_M=1, BLOCK_N=8, SPLIT_K=4, HAS_ZERO=has_zero)
+                jobs += config_jobs("w4a16_gemv split-K", w4a16_gemv_kernel,
+                                    dict(sig, y_ptr="*fp32"), consts, _GEMV_CONFIGS,
+                                    _GEMV_DEFAULT, all_configs, rows=1,
+                                    weight_bytes_per_step=wbytes)
+                gemm_sig = {k: v for k, v in sig.items() if k != "magic"}
+                jobs += config_jobs("w4a16_gemm", w4a16_gemm_kernel, dict(gemm_sig, x_ptr=act, p_ptr="*u8"),
+                                    dict(GROUP=group, HAS_ZERO=has_zero, DOT_FP32=act == "*fp32"),
+                                    _GEMM_CONFIGS, _GEMM_DEFAULT, all_configs,
+                                    rows=lambda c: c["BLOCK_M"],
+                                    weight_bytes_per_step=lambda c: c["BLOCK_N"] * c["GROUP"] // 2)
+    return jobs
 
 
 # ---------------------------------------------------------------------------- reference
@@ -344,6 +458,14 @@ def w4a16_reference(x: torch.Tensor, wt: W4A16Weight) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------- benchmark
+
+def bench_backends(act_dtype=torch.bfloat16, with_fp8: bool = False):
+    """This file's entry in the GPU benchmark (``kernels.bench.GPU_KERNEL_MODULES``)."""
+    from kernels.bench import Backend
+
+    return [Backend("w4a16 g128", lambda w: quantize_weight(w, 128),
+                    lambda x, st: w4a16_linear(x, st), act_dtype, 4, 128)]
+
 
 def benchmark(shapes=((4096, 4096), (8192, 28672)), batches=(1, 16), group_size=128,
               dtype=torch.bfloat16):

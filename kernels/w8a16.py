@@ -8,6 +8,9 @@ What you will learn
 * How a GEMV (batch 1 to 8) differs from a skinny GEMM (batch 9 to 64 and beyond): the
   first is a sum of products along K done with ``tl.sum``; the second uses ``tl.dot``
   (tensor cores on a GPU).
+* One program per block of W for the *whole* small batch: a GEMV that gave each token its
+  own program would read and convert every weight once per token, so batch 4 would cost
+  four times the work of batch 1 for the same weights.
 * Where the per-channel scale goes: it belongs to an output row of W, so it multiplies the
   finished dot product once, not every weight.
 * Masks on the tail when N or K is not a multiple of the block, and split-K when N alone
@@ -16,14 +19,14 @@ What you will learn
 The maths: ``y[m, n] = scale[n] * sum_k x[m, k] * w_q[n, k]`` with ``w_q`` int8 (N, K),
 ``scale`` (N,), x (M, K) in fp16/bf16 (fp32 also accepted), accumulation in fp32.
 
-Pseudo-code of the GEMV kernel (one program = one row m of x, BLOCK_N rows of W)::
+Pseudo-code of the GEMV kernel (one program = all M rows of x, BLOCK_N rows of W)::
 
-    acc[BLOCK_N, BLOCK_K] = 0                     # fp32, in registers
+    acc[M, BLOCK_N] = 0                           # fp32, in registers
     for k0 in range(k_begin, k_end, BLOCK_K):     # this program's slice of K
-        x_blk = load x[m, k0:k0+BLOCK_K]          # masked past K
-        w_blk = load w_q[n0:n0+BLOCK_N, k0:k0+BLOCK_K]   # int8: 1 byte per weight read
-        acc  += float(w_blk) * x_blk              # dequantize in registers, multiply
-    y[m, n0:n0+BLOCK_N] (+)= sum(acc, over k) * scale[n0:n0+BLOCK_N]   # scale once per output
+        w_blk = float(load w_q[n0:n0+BLOCK_N, k0:k0+BLOCK_K])   # int8 read once, converted once
+        x_blk = load x[:, k0:k0+BLOCK_K]          # every token; masked past K
+        acc  += sum over k of x_blk[:, None, :] * w_blk[None, :, :]
+    y[:, n0:n0+BLOCK_N] (+)= acc * scale[n0:n0+BLOCK_N]   # scale once per output
 
 The GEMM kernel is the same with a (BLOCK_M, BLOCK_K) tile of x and ``tl.dot``.
 """
@@ -36,8 +39,8 @@ import triton
 import triton.language as tl
 
 from kernels import INTERPRET
-from kernels._common import (GEMV_MAX_M, check_activations, check_device, choose, gemv_plan,
-                             pow2_at_least)
+from kernels._common import (GEMV_MAX_M, check_activations, check_device, choose,
+                             config_jobs, gemv_plan, pow2_at_least)
 
 
 # ---------------------------------------------------------------------------- kernels
@@ -48,17 +51,19 @@ def w8a16_gemv_kernel(
     w_ptr,        # int8 weights, (N, K) contiguous (the nn.Linear layout)
     s_ptr,        # per-output-channel scales, (N,), any float dtype
     y_ptr,        # output, (M, N); fp32 and zero-filled when SPLIT_K > 1
-    M, N, K,      # problem size
+    M, N, K,      # problem size (M <= BLOCK_M: one program covers the whole batch)
     stride_xm,    # elements between rows of x
     stride_wn,    # elements between rows of W
     stride_ym,    # elements between rows of y
+    BLOCK_M: tl.constexpr,   # rows of x per program: a power of 2 >= M (1, 2, 4 or 8)
     BLOCK_N: tl.constexpr,   # rows of W (outputs) per program
     BLOCK_K: tl.constexpr,   # K elements per loop step
     SPLIT_K: tl.constexpr,   # programs sharing one output block along K (1 = no split)
 ):
-    m = tl.program_id(0)              # which row of x (token): fastest-varying, so the
-    pid_n = tl.program_id(1)          # programs sharing a W block run together (L2 reuse)
-    pid_k = tl.program_id(2)          # which slice of K
+    pid_n = tl.program_id(0)          # which block of outputs
+    pid_k = tl.program_id(1)          # which slice of K
+    offs_m = tl.arange(0, BLOCK_M)                           # (BLOCK_M,) every token
+    m_mask = offs_m < M
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # (BLOCK_N,)
     n_mask = offs_n < N
     k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
@@ -66,22 +71,28 @@ def w8a16_gemv_kernel(
     k_end = tl.minimum(k_begin + k_per_split, K)
     # products accumulate element-wise; the sum across K (a cross-thread reduction) is done
     # once, after the loop, instead of once per step
-    acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)   # (BLOCK_N, BLOCK_K)
+    acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)   # (BLOCK_M, BLOCK_N, BLOCK_K)
     for k0 in range(k_begin, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)                  # (BLOCK_K,)
         k_mask = offs_k < k_end
-        x = tl.load(x_ptr + m * stride_xm + offs_k, mask=k_mask, other=0.0)
+        # the weight tile is read once and converted once, for every token of the batch;
+        # evict_first: nothing else reads it, so it should not push x out of the L2 cache
         w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :],
-                    mask=n_mask[:, None] & k_mask[None, :], other=0)   # (BLOCK_N, BLOCK_K) int8
-        acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]  # dequantize in registers
-    acc = tl.sum(acc2, axis=1)                               # (BLOCK_N,)
-    scale = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    acc = acc * scale                                        # once per output, after the sum
-    y_ptrs = y_ptr + m * stride_ym + offs_n
+                    mask=n_mask[:, None] & k_mask[None, :], other=0,
+                    eviction_policy="evict_first")           # (BLOCK_N, BLOCK_K) int8
+        w = w.to(tl.float32)                                 # dequantize in registers
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
+        acc3 += x.to(tl.float32)[:, None, :] * w[None, :, :]  # (BLOCK_M, BLOCK_N, BLOCK_K)
+    acc = tl.sum(acc3, axis=2)                               # (BLOCK_M, BLOCK_N)
+    scale = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)  # (BLOCK_N,)
+    acc = acc * scale[None, :]                               # once per output, after the sum
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    y_mask = m_mask[:, None] & n_mask[None, :]
     if SPLIT_K == 1:
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
     else:
-        tl.atomic_add(y_ptrs, acc, mask=n_mask)
+        tl.atomic_add(y_ptrs, acc, mask=y_mask)
 
 
 @triton.jit
@@ -112,11 +123,15 @@ def w8a16_gemm_kernel(
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
         w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :],
-                    mask=n_mask[:, None] & k_mask[None, :], other=0)    # (BLOCK_N, BLOCK_K) int8
+                    mask=n_mask[:, None] & k_mask[None, :], other=0,
+                    eviction_policy="evict_first")           # (BLOCK_N, BLOCK_K) int8
+        # the accumulator form tl.dot(a, b, acc): the tensor cores add into acc directly
+        # (acc += tl.dot(a, b) would start each product from zero and add it separately)
         if DOT_FP32:
-            acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc,
+                         input_precision="ieee")
         else:  # int8 -> fp16/bf16 is exact; tensor cores take 16-bit operands
-            acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
     scale = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)   # (BLOCK_N,)
     acc = acc * scale[None, :]
     tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
@@ -127,20 +142,20 @@ def w8a16_gemm_kernel(
 # interpreter skips this (it cannot time anything) and uses the defaults in the wrapper.
 # Narrow BLOCK_N (16, 32) gives a batch-16 layer with N = 4096 enough programs to fill the GPU.
 _GEMV_CONFIGS = [triton.Config({"BLOCK_K": bk}, num_warps=w, num_stages=s)
-                 for bk, w, s in [(128, 4, 3), (256, 4, 3), (128, 8, 4), (256, 8, 3), (512, 8, 3)]]
+                  for bk, w, s in [(64, 4, 3), (128, 4, 3), (256, 4, 3), (128, 8, 4), (256, 8, 3)]]
 _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
                  for bm, bn, bk, w, s in [(16, 16, 256, 2, 4), (16, 32, 256, 4, 4),
                                           (16, 64, 128, 4, 4), (32, 64, 128, 4, 4), (64, 64, 128, 4, 4),
                                           (64, 128, 64, 4, 4), (128, 128, 64, 8, 3),
                                           (128, 256, 64, 8, 3)]]
-_GEMV_DEFAULT = triton.Config({"BLOCK_K": 256}, num_warps=4, num_stages=3)  # autotune off
+_GEMV_DEFAULT = triton.Config({"BLOCK_K": 128}, num_warps=4, num_stages=3)  # autotune off
 _GEMM_DEFAULT = triton.Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4, num_stages=4)
 # Split-K programs add into y: autotuning must leave it zero for the real call
 # (reset before each trial, restored after: safe across Triton versions).
 if INTERPRET:
     _gemv, _gemm = w8a16_gemv_kernel, w8a16_gemm_kernel
 else:
-    _gemv = triton.autotune(_GEMV_CONFIGS, key=["M", "N", "K", "SPLIT_K"],
+    _gemv = triton.autotune(_GEMV_CONFIGS, key=["M", "N", "K", "BLOCK_M", "BLOCK_N", "SPLIT_K"],
                             reset_to_zero=["y_ptr"], restore_value=["y_ptr"])(w8a16_gemv_kernel)
     _gemm = triton.autotune(_GEMM_CONFIGS, key=["M", "N", "K"])(w8a16_gemm_kernel)
 
@@ -162,12 +177,13 @@ def _check_weights(w_q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def w8a16_linear(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor, *,
                  block_n: int | None = None, split_k: int | None = None,
-                 force_gemm: bool = False) -> torch.Tensor:
+                 force_gemm: bool = False, config=None) -> torch.Tensor:
     """y = x @ (w_q * scale[:, None]).T with the Triton kernels (lesson 09).
 
     x: (..., K) fp16/bf16/fp32; w_q: (N, K) int8; scale: (N,) or (N, 1). Returns (..., N)
     in x's dtype. ``block_n``/``split_k`` override the GEMV launch plan and ``force_gemm``
-    takes the tl.dot kernel even for a small batch (tests use them to reach every path).
+    takes the tl.dot kernel even for a small batch; ``config`` forces one configuration of
+    ``_GEMV_CONFIGS``/``_GEMM_CONFIGS`` (tests use these to reach every path).
     """
     scale = _check_weights(w_q, scale)
     N, K = w_q.shape
@@ -183,18 +199,41 @@ def w8a16_linear(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor, *,
         bn, sk = block_n or bn, split_k or sk
         y = (torch.zeros((M, N), dtype=torch.float32, device=x.device) if sk > 1
              else torch.empty((M, N), dtype=x.dtype, device=x.device))        # (M, N)
-        grid = (M, triton.cdiv(N, bn), sk)
-        kernel, meta = choose(_gemv, w8a16_gemv_kernel, _GEMV_DEFAULT, {"BLOCK_K": 32})
+        grid = (triton.cdiv(N, bn), sk)          # one program per block of outputs (x K split)
+        kernel, meta = choose(_gemv, w8a16_gemv_kernel, _GEMV_DEFAULT, {"BLOCK_K": 32}, config)
         kernel[grid](x2, w_q, scale, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
-                     BLOCK_N=bn, SPLIT_K=sk, **meta)
+                     BLOCK_M=pow2_at_least(M, 1, GEMV_MAX_M), BLOCK_N=bn, SPLIT_K=sk, **meta)
         return y.to(x.dtype).reshape(out_shape)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)                   # (M, N)
     interp = {"BLOCK_M": pow2_at_least(M, 16, 32), "BLOCK_N": block_n or 32, "BLOCK_K": 32}
-    kernel, meta = choose(_gemm, w8a16_gemm_kernel, _GEMM_DEFAULT, interp)
+    kernel, meta = choose(_gemm, w8a16_gemm_kernel, _GEMM_DEFAULT, interp, config)
     grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]), triton.cdiv(N, m["BLOCK_N"]))  # noqa: E731
     kernel[grid](x2, w_q, scale, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
                  DOT_FP32=INTERPRET or x.dtype == torch.float32, **meta)
     return y.reshape(out_shape)
+
+
+# ---------------------------------------------------------------------------- compile check
+
+def compile_jobs(arch: int, all_configs: bool = False):
+    """What ``kernels.compile_check`` compiles for this file (GEMV at 1, 4, 8 rows; GEMM)."""
+    acts = ["*bf16", "*fp16", "*fp32"] if all_configs else ["*fp16" if arch < 80 else "*bf16"]
+    jobs = []
+    for act in acts:
+        sig = dict(x_ptr=act, w_ptr="*i8", s_ptr="*fp32", y_ptr=act, M="i32", N="i32", K="i32",
+                   stride_xm="i32", stride_wn="i32", stride_ym="i32")
+        for rows in (1, 4, 8):
+            for sk in ((1, 2) if all_configs else (1,)):
+                consts = dict(BLOCK_M=rows, BLOCK_N=32 if rows <= 2 else 16, SPLIT_K=sk)
+                jobs += config_jobs("w8a16_gemv", w8a16_gemv_kernel,
+                                    dict(sig, y_ptr="*fp32" if sk > 1 else act), consts,
+                                    _GEMV_CONFIGS, _GEMV_DEFAULT, all_configs, rows=rows,
+                                    weight_bytes_per_step=lambda c: c["BLOCK_N"] * c["BLOCK_K"])
+        jobs += config_jobs("w8a16_gemm", w8a16_gemm_kernel, sig, dict(DOT_FP32=act == "*fp32"),
+                            _GEMM_CONFIGS, _GEMM_DEFAULT, all_configs,
+                            rows=lambda c: c["BLOCK_M"],
+                            weight_bytes_per_step=lambda c: c["BLOCK_N"] * c["BLOCK_K"])
+    return jobs
 
 
 # ---------------------------------------------------------------------------- reference
@@ -223,6 +262,14 @@ def w8a16_reference(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor) -> 
 
 
 # ---------------------------------------------------------------------------- benchmark
+
+def bench_backends(act_dtype=torch.bfloat16, with_fp8: bool = False):
+    """This file's entry in the GPU benchmark (``kernels.bench.GPU_KERNEL_MODULES``)."""
+    from kernels.bench import Backend
+
+    return [Backend("w8a16", quantize_weight, lambda x, st: w8a16_linear(x, *st),
+                    act_dtype, 8, "per_channel")]
+
 
 def benchmark(shapes=((4096, 4096), (8192, 28672)), batches=(1, 16), dtype=torch.bfloat16):
     """Median time of the kernel against torch BF16 F.linear (GPU only; lesson 10).

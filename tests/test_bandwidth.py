@@ -46,3 +46,18 @@ def test_cuda_without_a_gpu_says_so():
 def test_gpu_copy_bandwidth():
     r = measure_copy_bandwidth("cuda", size_mb=256, repeats=5)
     assert r.device == "cuda:0" and 50 < r.median_gbps < 20_000
+
+
+def test_read_bandwidth_counts_bytes_once_and_refuses_bad_input():
+    from course_lib.bandwidth import measure_read_bandwidth
+
+    r = measure_read_bandwidth("cpu", size_mb=32, repeats=3, warmup=1)
+    assert r.bytes_per_copy == 32_000_000 and r.bytes_moved == r.bytes_per_copy   # read only
+    assert len(r.samples_gbps) == 3 and 0.2 < r.median_gbps < 10_000
+    with pytest.raises(ValueError, match="size_mb"):
+        measure_read_bandwidth("cpu", size_mb=0)
+    with pytest.raises(ValueError, match="device"):
+        measure_read_bandwidth("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+            measure_read_bandwidth("cuda")

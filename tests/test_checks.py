@@ -146,3 +146,89 @@ def test_hints_come_in_steps(monkeypatch, capsys):
     with pytest.raises(ValueError, match="level must be"):
         checks.hint(stepped.id, level=0)
     assert not result
+
+
+def test_an_expected_nan_is_named_in_the_failure(toy, capsys):
+    nan_ex = Exercise(id="toy.nan", title="decode", reference=lambda b: float("nan"),
+                      cases=lambda: [Case((0x7F,), label="0x7F")], hint="think about NaN")
+    checks.EXERCISES[nan_ex.id] = nan_ex
+    try:
+        result = check(nan_ex.id, lambda b: 480.0)
+    finally:
+        del checks.EXERCISES[nan_ex.id]
+    out = capsys.readouterr().out
+    assert not result and "expected NaN" in out and "got 480" in out
+    assert "max abs diff 0" not in out
+
+
+def test_signed_zero_and_int_results_are_opt_in(monkeypatch):
+    from course_lib.checks import compare_answer
+    assert compare_answer(-0.0, 0.0, 1e-5, 1e-8, True) is None
+    assert "sign of zero" in compare_answer(-0.0, 0.0, 1e-5, 1e-8, True, signed_zero=True)
+    assert compare_answer(np.array([0.0, -0.0]), np.array([0.0, -0.0]), 1e-5, 1e-8, True,
+                          signed_zero=True) is None
+    assert compare_answer(4, 4.0, 1e-5, 1e-8, True) is None
+    assert "whole number" in compare_answer(4, 4.0, 1e-5, 1e-8, True, int_results=True)
+    assert compare_answer((0.1, 4), (0.1, np.int64(4)), 1e-5, 1e-8, True, int_results=True) is None
+
+
+# Independent values: each computed by hand from the lesson's text, not by the reference.
+HAND_VALUES = [
+    ("00.weight_gb", (70.6e9, 4, 128), 36.403125),             # 70.6e9 x 4.125 / 8 / 1e9
+    ("00.weight_gb", (1e6, 4, 1, 4), 0.001),                   # 8 bits per weight
+    ("00.kv_bytes_per_token", ({"num_hidden_layers": 30, "num_attention_heads": 9,
+                                "num_key_value_heads": 3, "hidden_size": 576}, 0.5), 5760),
+    ("00.decode_floor_ms", (141.2e9, 3.35, 2), 141.2 / 3.35 / 2),
+    ("00.conversations_that_fit", (80, 1.0, 16.0, 1e6, 1000), 64),
+    ("01.decode_e4m3", (0x7E,), 448.0),
+    ("01.decode_e4m3", (0x01,), 2.0 ** -9),
+    ("01.bf16_bits", (1.0,), 0x3F80),
+    ("01.bf16_bits", (1.0 + 3 * 2.0 ** -8,), 0x3F82),
+    ("01.round_e4m3", (1.1875,), 1.25),
+    ("01.round_e4m3", (300.0,), 288.0),
+    ("02.zero_point", (-0.4, 1.1, 4), (0.1, 4)),
+    ("02.zero_point", (-0.25, 1.25, 2), (0.5, 0)),
+    ("02.dequantize", (np.array([0, 15], dtype=np.uint8), 0.1, 4), np.array([-0.4, 1.1])),
+]
+
+
+@pytest.mark.parametrize("ex_id, args, value", HAND_VALUES)
+def test_references_agree_with_hand_computed_values(ex_id, args, value):
+    got = EXERCISES[ex_id].reference(*args)
+    if isinstance(value, tuple):
+        assert np.allclose(got, value, rtol=1e-9)
+    else:
+        assert np.allclose(got, value, rtol=1e-9, atol=1e-12)
+
+
+def test_hand_values_for_quantizers():
+    q, scale = EXERCISES["02.absmax_quantize"].reference(
+        np.array([7.0, 0.5, 1.5, 2.5, -2.5, -0.5, 3.5]), 4)
+    assert scale == 1.0 and q.tolist() == [7, 0, 2, 2, -2, 0, 4]       # ties to even
+    q, s = EXERCISES["03.groupwise_quantize"].reference(
+        np.array([[0.423, -1.270, 0.081, 9.0, -0.337, 0.562, -0.708, 1.049]]), 4)
+    assert np.allclose(s, [[9 / 7, 1.049 / 7]]) and q[0, :4].tolist() == [0, -1, 0, 7]
+    assert EXERCISES["03.pack_int4"].reference(np.array([1, -1, 7, -8], np.int8)).tolist() == [0xF1, 0x87]
+    block = np.zeros(32, np.float32)
+    block[:3] = [0.9, -0.2, 0.05]
+    scale, el = EXERCISES["03.mxfp4_block"].reference(block)
+    assert scale == 0.125 and el[:3].tolist() == [6.0, -1.5, 0.5]      # 7.2 saturates to 6
+
+
+def test_yours_or_library_says_which(capsys):
+    from course_lib.checks import CheckResult, yours_or_library
+    mine, lib = (lambda: "mine"), (lambda: "lib")
+    assert yours_or_library(CheckResult("x", "passed", 3, 3), mine, lib, "thing") is mine
+    assert "YOUR function" in capsys.readouterr().out
+    assert yours_or_library(CheckResult("x", "not implemented"), mine, lib, "thing") is lib
+    assert "library's is used" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("ex_id", sorted(k for k in EXERCISES if k[:2] in ("00", "01", "02", "03")))
+def test_first_hint_step_is_a_question_not_code(ex_id):
+    steps = EXERCISES[ex_id].hints
+    assert len(steps) >= 2, f"{ex_id}: give a first step to think about and a later code-level one"
+    first = steps[0]
+    for token in ("np.", " = ", "**", "<<", ">>", "return ", "0x7FFF", "round("):
+        assert token not in first, f"{ex_id}: hint step 1 gives code away ({token!r}): {first}"
+    assert "?" in first, f"{ex_id}: hint step 1 should ask the learner something"

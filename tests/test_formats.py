@@ -361,7 +361,7 @@ def test_known_difference_e8m0_zero_and_negatives():
     th = torch.from_numpy(x).to(torch.float8_e8m0fnu).to(torch.float64).tolist()
     assert th == [2.0 ** -127, 1.0]                                     # torch: |x|, 0 -> 2^-127
     assert get_format("e8m0").round(0.0) == 2.0 ** -127                  # we: 0 -> 2^-127 too
-    with pytest.raises(ValueError):                                     # ... but refuse negatives
+    with pytest.raises(ValueError, match="no sign bit"):                # ... but refuse negatives
         get_format("e8m0").round(-1.0)
     # ties go up in all three (1.5 -> 2, 3 -> 4)
     ties = np.array([1.5, 3.0], dtype=np.float32)
@@ -385,7 +385,7 @@ def test_known_difference_int4_casts_truncate_and_wrap():
 def test_known_difference_fp4_nan_becomes_negative_zero_in_ml_dtypes():
     y = np.array([np.nan], np.float32).astype(ml_dtypes.float4_e2m1fn).astype(np.float64)
     assert y[0] == 0 and np.signbit(y[0])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="has no NaN"):
         get_format("fp4_e2m1").encode(np.nan)
 
 
@@ -456,5 +456,53 @@ def test_explain_rounding_shows_each_step():
     assert "overflow rule 'saturate' gives 448" in text
     assert "ties to even: 8" in formats.explain_rounding(1.0625, "fp8_e4m3")
     assert "level 11" in formats.explain_rounding(0.3, "nf4")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="has no NaN"):
         formats.explain_rounding(float("nan"), "int8")
+
+
+def test_cross_checks_report_per_library():
+    from course_lib.formats import cross_check_decode, cross_check_encode
+    assert cross_check_decode("fp8_e4m3") == {"torch": 0, "ml_dtypes": 0}
+    assert cross_check_decode("fp4_e2m1") == {"ml_dtypes": 0}          # torch cannot cast FP4
+    report = cross_check_encode("fp8_e4m3", n_random=2000)
+    n, tried, smallest = report["ml_dtypes"]
+    assert tried == 2000 + 2 * len(get_format("fp8_e4m3").values()) - 1
+    assert n > 0 and smallest > 464                                  # only the NaN-past-464 rule
+    assert report["torch"][0] == 0
+    with pytest.raises(ValueError, match="n_random is a count"):
+        cross_check_encode("fp8_e4m3", n_random=-1)
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: get_format("fp8_e4m3").decode(256), "every pattern must be in 0 .. 255"),
+    (lambda: get_format("fp8_e4m3").decode(-1), "every pattern must be in 0 .. 255"),
+    (lambda: get_format("fp8_e4m3").describe(300), "every pattern must be in 0 .. 255"),
+    (lambda: get_format("fp4_e2m1").encode(math.nan), "has no NaN"),
+    (lambda: get_format("e8m0").encode(-1.0), "no sign bit"),
+    (lambda: formats.nonnegative_float_values(0, 1, 1), "exponent_bits >= 1"),
+    (lambda: formats.nonnegative_float_values(2, 2.5, 1), "mantissa_bits must be a whole number"),
+    (lambda: formats.make_float_format(3, 2, bias=1.5), "bias must be a whole number"),
+    (lambda: formats.round_to_format("1.0", "fp8_e4m3"), "convert it with float"),
+    (lambda: formats.format_table(["fp7"]), "unknown number format"),
+    (lambda: formats.library_decode([1], "fp8_e4m3", "jax"), "library must be"),
+    (lambda: formats.library_decode([1], "nf4", "torch"), "torch has no castable nf4"),
+    (lambda: get_format("fp32").values(), "too many to list"),
+])
+def test_formats_refuse_bad_input(call, words):
+    with pytest.raises(ValueError, match=words):
+        call()
+
+
+def test_formatspec_reads_in_one_sitting_and_methods_are_the_module_functions():
+    import ast
+    import inspect as ins
+    tree = ast.parse(ins.getsource(formats))
+    sizes = {n.name: n.end_lineno - n.lineno + 1 for n in tree.body
+             if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    assert sizes["FormatSpec"] <= 200, sizes["FormatSpec"]
+    assert max(sizes.values()) <= 200, max(sizes, key=sizes.get)
+    e4 = get_format("fp8_e4m3")
+    x = np.array([0.1, -3.3, 500.0, 1.0625])
+    assert (e4.encode(x) == formats.encode(e4, x)).all()
+    assert formats.round_magnitude(e4, np.array([1.0625, 0.001])).tolist() == [1.0, 2.0 ** -9]
+    assert formats.describe_pattern(e4, 0x7E)["value"] == 448

@@ -177,7 +177,7 @@ def test_unknown_names_list_the_known_ones():
                                                "hidden_size": 8}),
 ])
 def test_bad_sizes_are_refused(call):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"must be|not a multiple|lacks|share"):
         call()
 
 
@@ -195,8 +195,7 @@ def test_tables_and_floor_table():
 
 
 def test_bill_widget_reacts_to_every_control():
-    pytest.importorskip("ipywidgets")
-    from course_lib.widgets.bill import bill_widget
+    from course_lib.widgets.bill import bill_widget      # ipywidgets is required: no skip
 
     w = bill_widget(model="Llama 3.1 70B", fmt="bf16", gpu="H100 SXM", batch=1, context=8000)
     first = w.result.value
@@ -211,8 +210,7 @@ def test_bill_widget_reacts_to_every_control():
 
 
 def test_bill_widget_shows_servable_verdicts():
-    pytest.importorskip("ipywidgets")
-    from course_lib.widgets.bill import bill_widget
+    from course_lib.widgets.bill import bill_widget      # ipywidgets is required: no skip
 
     w = bill_widget(fmt="fp8", batch=1, context=4096)
     assert "fits, but not servable" in w.result.value
@@ -229,7 +227,7 @@ def test_floor_plot_has_a_line_per_model_and_panel():
     assert len(fig.axes) == 2 and all(len(ax.lines) >= 2 for ax in fig.axes)
     y_gpu = fig.axes[0].lines[1].get_ydata()[-1]                 # 70B at 16 bits on an H100
     assert y_gpu == pytest.approx(42.1, abs=0.1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="measured_gbps must be greater than zero"):
         plot_floor_vs_bits(["8B"], measured_gbps=0)
 
 
@@ -241,3 +239,51 @@ def test_memory_bar_shows_overflow():
     assert "weights: 36.4 GB" in ok and "title='free'" in ok and "border:1px solid #888888" in ok
     assert "weights: 141.2 GB" in too_big and "title='free'" not in too_big
     assert "border:1px solid #b3154f" in too_big
+
+
+# ---- bad input is refused, saying what to do (issue 13, item 9) ----------------------------
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: hw.plan("Llama 3.1 8B", usable_fraction=2.0), r"usable_fraction is a share .* got 2"),
+    (lambda: hw.plan("Llama 3.1 8B", usable_fraction=0), "usable_fraction must be greater than zero"),
+    (lambda: hw.get_gpu("H100").usable_gb(1.5), "share of the whole"),
+    (lambda: hw.plan("Llama 3.1 8B", workspace_gb=math.nan), "workspace_gb must be a finite number"),
+    (lambda: hw.plan("Llama 3.1 8B", batch=0), "batch must be 1 or more"),
+    (lambda: hw.plan("Llama 3.1 8B", context=2.5), "context must be a whole number"),
+    (lambda: hw.kv_cache_gb("Llama 3.1 8B", 2.5), "tokens must be a whole number"),
+    (lambda: hw.kv_cache_gb("Llama 3.1 8B", -1), "tokens must be 0 or more"),
+    (lambda: hw.kv_bytes_per_token_from_config({"num_hidden_layers": 2, "num_attention_heads": 4,
+                                                "num_key_value_heads": 0, "hidden_size": 64}),
+     "num_key_value_heads must be 1 or more"),
+    (lambda: hw.kv_bytes_per_token_from_config({"num_hidden_layers": 2, "num_attention_heads": 4,
+                                                "num_key_value_heads": 3, "hidden_size": 64}),
+     "not a multiple of num_key_value_heads"),
+    (lambda: hw.kv_bytes_per_token_from_config({"num_hidden_layers": 2.5, "num_attention_heads": 4,
+                                                "hidden_size": 64}), "layers must be a whole number"),
+    (lambda: hw.gpus_per_replica("Llama 3.1 8B", choices=()), "choices is empty"),
+    (lambda: hw.gpus_per_replica("Llama 3.1 8B", choices=(0, 2)), "tensor-parallel size"),
+    (lambda: hw.decode_floor_table(1.0, formats=()), "formats is empty"),
+    (lambda: hw.decode_floor_table(0.0), "bandwidth_tbps must be greater than zero"),
+    (lambda: hw.format_table([(1, 2, 3)], ["a", "b"]), "2 headers but a row has 3"),
+    (lambda: hw.tokens_per_second_ceiling(1e9, 3.35, efficiency=1.2), "efficiency is a share"),
+    (lambda: hw.weight_gb_from_bits(1e9, -4), "bits must be greater than zero"),
+    (lambda: hw.weight_gb_from_bits(1e9, math.nan), "bits must be a finite number"),
+    (lambda: hw.weight_gb_from_bits(1e9, 4, 2.5), "group_size must be a whole number"),
+    (lambda: hw.weight_bytes(-1.0), "parameter count must be greater than zero"),
+    (lambda: hw.conversations_that_fit(80, 1.5, 30, 1e5, 8000), "usable_fraction is a share"),
+    (lambda: hw.get_gpu(3.35), "must be given by name"),
+])
+def test_refuses_bad_input(call, words):
+    with pytest.raises(ValueError, match=words):
+        call()
+
+
+def test_plan_of_a_mixture_of_experts_reads_active_weights_per_user():
+    m = hw.get_model("gpt-oss-120b")
+    one = hw.plan(m, "mxfp4", "H100 SXM", batch=1, context=4096)
+    big = hw.plan(m, "mxfp4", "H100 SXM", batch=64, context=4096)
+    active_bytes = m.active_params * hw.bits_per_weight("mxfp4") / 8
+    assert one.floor_ms == pytest.approx(active_bytes / 3.35e12 * 1e3)
+    kv_64 = hw.model_kv_bytes_per_token(m) * 64 * 4096
+    all_bytes = m.params * hw.bits_per_weight("mxfp4") / 8       # 64 users touch every expert
+    assert big.step_ms == pytest.approx((all_bytes + kv_64) / 3.35e12 * 1e3)

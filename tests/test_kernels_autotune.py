@@ -16,7 +16,7 @@ def test_choose_picks_tuned_fixed_or_interpreter(monkeypatch):
     assert common.choose("tuned", "raw", cfg, {"BLOCK_K": 32}) == ("tuned", {})
     monkeypatch.setenv("COURSE_KERNELS_AUTOTUNE", "0")
     kernel, meta = common.choose("tuned", "raw", cfg, {"BLOCK_K": 32})
-    assert kernel == "raw" and meta == {"BLOCK_K": 256, "num_warps": 4, "num_stages": 3}
+    assert kernel == "raw" and meta == {"BLOCK_K": 128, "num_warps": 4, "num_stages": 3}
     monkeypatch.setattr(common, "on_gpu", lambda: False)
     assert common.choose("tuned", "raw", cfg, {"BLOCK_K": 32}) == ("raw", {"BLOCK_K": 32})
 

@@ -6,8 +6,8 @@ import torch
 from course_lib import quant
 from course_lib.compare import cmp
 from kernels._common import on_gpu
-from kernels.w4a16 import (W4A16Weight, dequantize_weight, quantize_weight, w4a16_linear,
-                           w4a16_reference)
+from kernels.w4a16 import (W4A16Weight, dequantize_weight, quantize_weight, unpack_int4_words,
+                           w4a16_linear, w4a16_reference)
 
 DEV = "cuda" if on_gpu() else "cpu"
 # (M, N, K, group): batch 1 and above, N not a multiple of the block, every group size
@@ -39,10 +39,9 @@ def test_matches_reference(M, N, K, G, symmetric, dtype):
 
 
 @pytest.mark.parametrize("path", [dict(split_k=2, block_n=8), dict(force_gemm=True),
-                                  dict(split_k=3, block_n=16), dict(gpi=1), dict(gpi=4),
-                                  dict(gpi=4, split_k=2), dict(gpi=8, block_n=32),
-                                  dict(defer_sum=True), dict(defer_sum=True, gpi=4, split_k=2),
-                                  dict(defer_sum=True, gpi=1, block_n=8)])
+                                  dict(split_k=3, block_n=16), dict(block_k=32),
+                                  dict(block_k=128), dict(block_k=128, split_k=2),
+                                  dict(block_k=256, block_n=32), dict(block_k=64, block_n=8)])
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_every_path(path, symmetric):
     x, wt, _ = _case(3, 37, 192, 32, torch.float32, symmetric, seed=1)
@@ -62,19 +61,36 @@ def test_weight_round_trips_through_course_lib_quant(symmetric):
     assert 8 * quantize_weight(torch.randn(8, 1024)).nbytes() / (8 * 1024) == 4.125
 
 
-def test_nibble_order_low_then_high():
-    """A weight with code k at column k (-8..7) must come back in that order."""
-    codes = torch.arange(-8, 8, dtype=torch.int8).repeat(1, 2)          # (1, 32)
-    wt = W4A16Weight(quant.pack_int4(codes), torch.ones(1, 1), None, 32)
-    x = torch.zeros(1, 32)
-    for k in (0, 1, 2, 15, 30, 31):                                     # a one-hot x picks column k
-        x.zero_()
-        x[0, k] = 1.0
-        assert w4a16_linear(x.to(DEV), _to(wt)).item() == codes[0, k].item()
+@pytest.mark.parametrize("force_gemm", [False, True])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_bit_trick_gives_every_code_exactly_in_order(force_gemm, symmetric):
+    """Code k at column k, all 16 codes: an identity x reads each weight back exactly
+    (scale 1, zero point 3 when asymmetric), through the GEMV and the GEMM kernel."""
+    lo = -8 if symmetric else 0
+    codes = torch.arange(lo, lo + 16, dtype=torch.int8 if symmetric else torch.uint8)
+    codes = codes.repeat(1, 2)                                          # (1, 32)
+    zero = None if symmetric else torch.full((1, 1), 3, dtype=torch.int32)
+    wt = W4A16Weight(quant.pack_int4(codes), torch.ones(1, 1), zero, 32)
+    wt = W4A16Weight(wt.packed.to(DEV), wt.scale.to(DEV), None if zero is None else zero.to(DEV), 32)
+    eye = torch.eye(32)                                                 # row k picks column k
+    want = codes.float()[0] - (0 if symmetric else 3)                   # (32,)
+    for rows in (eye[:8], eye[8:16], eye[16:24], eye[24:]):             # batches of 8 rows
+        y = w4a16_linear(rows.to(DEV), wt, force_gemm=force_gemm)       # (8, 1)
+        k0 = int(rows.argmax(dim=1)[0])
+        assert torch.equal(y[:, 0].cpu(), want[k0:k0 + 8]), (force_gemm, symmetric, k0)
 
 
-def _to(wt):
-    return W4A16Weight(wt.packed.to(DEV), wt.scale.to(DEV), None, wt.group_size)
+@pytest.mark.parametrize("signed", [True, False])
+def test_unpack_int4_words_is_bit_exact_for_every_byte(signed):
+    """The bit trick in plain torch (the kernels' method) against course_lib.quant, on all
+    256 byte values, i.e. every code in both nibbles."""
+    packed = torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(8, 32)   # (8, 32)
+    got = unpack_int4_words(packed.view(torch.int32), signed=signed)    # (8, 64)
+    want = quant.unpack_int4(packed, signed=signed).float()             # (8, 64)
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    assert sorted(set(got.flatten().tolist())) == list(range(-8, 8) if signed else range(16))
+    with pytest.raises(TypeError, match="int32"):
+        unpack_int4_words(packed)
 
 
 def test_bad_inputs_say_what_to_do():
@@ -87,6 +103,8 @@ def test_bad_inputs_say_what_to_do():
         w4a16_linear(x, W4A16Weight(wt.packed, wt.scale[:, :1], None, 32))
     with pytest.raises(TypeError, match="W4A16Weight"):
         w4a16_linear(x, wt.packed)
+    with pytest.raises(ValueError, match="multiple of the group size"):
+        w4a16_linear(x, wt, block_k=48)
 
 
 def test_reference_and_quantizer_refuse_bad_shapes_and_int_activations():

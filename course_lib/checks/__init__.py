@@ -55,7 +55,8 @@ class Exercise:
     rtol: float = 1e-5
     atol: float = 1e-8
     check_dtype: bool = True
-
+    signed_zero: bool = False   # -0.0 and +0.0 differ (formats with a sign bit on zero)
+    int_results: bool = False   # where the reference returns an int, the answer must be one
 
     @property
     def hints(self) -> list[str]:
@@ -103,15 +104,17 @@ def _short(x: Any, limit: int = 300) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
-def compare_answer(expected, actual, rtol: float, atol: float, check_dtype: bool) -> str | None:
+def compare_answer(expected, actual, rtol: float, atol: float, check_dtype: bool,
+                   signed_zero: bool = False, int_results: bool = False) -> str | None:
     """None when ``actual`` matches ``expected``; otherwise what is wrong, in words."""
+    more = dict(signed_zero=signed_zero, int_results=int_results)
     if isinstance(expected, dict):
         if not isinstance(actual, dict):
             return f"expected a dict, got {type(actual).__name__}"
         if set(expected) != set(actual):
             return f"expected keys {sorted(expected)}, got {sorted(actual)}"
         for k in expected:
-            p = compare_answer(expected[k], actual[k], rtol, atol, check_dtype)
+            p = compare_answer(expected[k], actual[k], rtol, atol, check_dtype, **more)
             if p:
                 return f"[{k!r}] {p}"
         return None
@@ -121,7 +124,7 @@ def compare_answer(expected, actual, rtol: float, atol: float, check_dtype: bool
         if len(actual) != len(expected):
             return f"expected a tuple of {len(expected)} values, got {len(actual)}"
         for i, (e, a) in enumerate(zip(expected, actual)):
-            p = compare_answer(e, a, rtol, atol, check_dtype)
+            p = compare_answer(e, a, rtol, atol, check_dtype, **more)
             if p:
                 return f"item {i}: {p}"
         return None
@@ -133,7 +136,11 @@ def compare_answer(expected, actual, rtol: float, atol: float, check_dtype: bool
         return None if ok else f"expected {expected!r}, got {actual!r}"
     if actual is None:
         return "your function returned None (did you forget `return`?)"
-    result = cmp("answer", expected, actual, rtol=rtol, atol=atol, check_dtype=check_dtype)
+    if (int_results and isinstance(expected, (int, np.integer))
+            and not isinstance(actual, (int, np.integer))):
+        return f"expected a whole number (int), got {type(actual).__name__} {actual!r}"
+    result = cmp("answer", expected, actual, rtol=rtol, atol=atol, check_dtype=check_dtype,
+                 signed_zero=signed_zero)
     return None if result else result.problem
 
 
@@ -215,7 +222,8 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
                            f"input, but it returned {_short(actual, 120)}")
             else:
                 expected = ex.reference(*copy.deepcopy(case.args), **copy.deepcopy(case.kwargs))
-                problem = compare_answer(expected, actual, ex.rtol, ex.atol, ex.check_dtype)
+                problem = compare_answer(expected, actual, ex.rtol, ex.atol, ex.check_dtype,
+                                         ex.signed_zero, ex.int_results)
                 if problem:
                     problem += f"\n    expected: {_short(expected)}\n    actual:   {_short(actual)}"
         if problem:
@@ -233,5 +241,16 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
     return CheckResult(exercise_id, "passed", len(cases), len(cases), report)
 
 
-__all__ = ["Case", "Exercise", "register", "check", "hint", "load_all", "EXERCISES", "CheckResult",
+def yours_or_library(result: "CheckResult", yours: Callable, library: Callable,
+                     what: str) -> Callable:
+    """The learner's function when its ``check`` passed, else the library's, saying which
+    (every exercise notebook: the learner's piece is then used by a later cell)."""
+    if result:
+        print(f"{what}: using YOUR function (it passed its check)")
+        return yours
+    print(f"{what}: your function has not passed its check yet, so the library's is used")
+    return library
+
+
+__all__ = ["yours_or_library", "Case", "Exercise", "register", "check", "hint", "load_all", "EXERCISES", "CheckResult",
            "compare_answer"]

@@ -24,8 +24,11 @@ def _weight_cases():
         Case((8.03e9, 4, 32), label="8B in INT4, group 32"),
         Case((116.83e9, 4, 32, 8), label="MXFP4-style: 8-bit scale per 32"),
         Case((1e6, 3), label="a small model at 3 bits"),
+        Case((1e6, 4, 1, 4), label="group size 1: a 4-bit scale per weight doubles the bits"),
         Case((0, 16), raises=ValueError, label="zero parameters"),
+        Case((-5e9, 8), raises=ValueError, label="negative parameters"),
         Case((1e9, 4, 0), raises=ValueError, label="group size 0"),
+        Case((1e9, 4, -32), raises=ValueError, label="negative group size"),
     ]
 
 
@@ -49,6 +52,13 @@ def _weight_no_scales(params, bits, group_size=None, scale_bits=16):
     return params * bits / 8 / 1e9               # group scales forgotten
 
 
+def _weight_group_zero_only(params, bits, group_size=None, scale_bits=16):
+    if params <= 0 or group_size == 0:                      # a group of -32 slips through
+        raise ValueError("bad input")
+    b = bits + (scale_bits / group_size if group_size else 0)
+    return params * b / 8 / 1e9
+
+
 def _weight_scale_per_weight(params, bits, group_size=None, scale_bits=16):
     if params <= 0 or group_size == 0:
         raise ValueError("bad input")
@@ -61,10 +71,14 @@ register(Exercise(
     title="weights in GB for a format",
     reference=hw.weight_gb_from_bits,
     cases=_weight_cases,
-    hint=("bits per weight = bits + scale_bits / group_size (no scales when group_size is None); "
-          "bytes = params x bits per weight / 8; GB = bytes / 1e9 (decimal, not 2**30). "
-          "Raise ValueError for params <= 0 or a group size below 1."),
-    wrong=[_weight_bits_for_bytes, _weight_gib, _weight_no_scales, _weight_scale_per_weight],
+    hint=["Each group of group_size weights shares one scale: how many extra bits does that "
+          "add to every weight? Then think about the units: bits, bytes, and which GB.",
+          "bits per weight = bits + scale_bits / group_size (nothing extra when group_size is "
+          "None); bytes = params x bits per weight / 8; GB means 1e9 bytes, not 2**30.",
+          "Refuse first: raise ValueError when params <= 0, or when group_size is given and "
+          "below 1; then return params * (bits + scale_bits / group_size) / 8 / 1e9."],
+    wrong=[_weight_bits_for_bytes, _weight_gib, _weight_no_scales, _weight_scale_per_weight,
+           _weight_group_zero_only],
 ))
 
 # ---------------------------------------------------------------------------------------
@@ -74,6 +88,8 @@ register(Exercise(
 
 def _kv_cases():
     gpt2_like = {"num_hidden_layers": 12, "num_attention_heads": 12, "hidden_size": 768}
+    smollm2_135m = {"num_hidden_layers": 30, "num_attention_heads": 9,   # no head_dim key
+                    "num_key_value_heads": 3, "hidden_size": 576}
     return [
         Case((hw.get_model("Llama 3.1 70B").config(),), label="Llama 3.1 70B, BF16"),
         Case((hw.get_model("Llama 3.1 8B").config(),), label="Llama 3.1 8B, BF16"),
@@ -82,6 +98,8 @@ def _kv_cases():
              label="Gemma 2 27B: head_dim 128 is not hidden_size / heads = 144"),
         Case((hw.get_model("gpt-oss-120b").config(),), label="gpt-oss-120b, head_dim 64"),
         Case((gpt2_like,), label="no num_key_value_heads and no head_dim (plain multi-head)"),
+        Case((smollm2_135m, 0.5), label="SmolLM2-135M: grouped-query (3 KV heads) without "
+             "head_dim, a 4-bit cache"),
     ]
 
 
@@ -108,6 +126,15 @@ def _kv_bits(config, bytes_per_value=2.0):
     return 2 * config["num_hidden_layers"] * kv * hd * bytes_per_value * 8   # bits, not bytes
 
 
+def _kv_head_dim_only_for_mha(config, bytes_per_value=2.0):
+    heads = config["num_attention_heads"]
+    if "num_key_value_heads" in config:                       # assumes GQA configs carry head_dim
+        kv, hd = config["num_key_value_heads"], config.get("head_dim", 128)
+    else:
+        kv, hd = heads, config["hidden_size"] // heads
+    return 2 * config["num_hidden_layers"] * kv * hd * bytes_per_value
+
+
 def _kv_requires_kv_heads(config, bytes_per_value=2.0):
     hd = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * hd * bytes_per_value
@@ -118,12 +145,16 @@ register(Exercise(
     title="KV-cache bytes per token from a config.json",
     reference=hw.kv_bytes_per_token_from_config,
     cases=_kv_cases,
-    hint=("2 (K and V) x num_hidden_layers x num_key_value_heads x head_dim x bytes_per_value. "
-          "Use num_key_value_heads, not num_attention_heads; when it is missing the model is plain "
-          "multi-head (kv heads = attention heads). Use head_dim when present; only without it "
-          "is head_dim = hidden_size // num_attention_heads."),
+    hint=["Every token leaves two vectors (which?) in every layer, one per head that is "
+          "*cached*: with grouped-query attention, how many heads is that? And how long is "
+          "each vector when the config does not say?",
+          "K and V: 2 x num_hidden_layers x KV heads x head_dim x bytes_per_value. KV heads: "
+          "num_key_value_heads, or num_attention_heads when it is missing. head_dim: the "
+          "config's own when present (Gemma 2's differs from hidden_size / heads).",
+          "kv = config.get('num_key_value_heads') or config['num_attention_heads']; "
+          "hd = config.get('head_dim') or config['hidden_size'] // config['num_attention_heads']."],
     wrong=[_kv_no_factor_two, _kv_attention_heads, _kv_head_dim_from_hidden, _kv_bits,
-           _kv_requires_kv_heads],
+           _kv_requires_kv_heads, _kv_head_dim_only_for_mha],
 ))
 
 # ---------------------------------------------------------------------------------------
@@ -141,6 +172,8 @@ def _floor_cases():
         Case((70.6e9, 3.35, 8), label="eight GPUs"),
         Case((1e9, 0.0), raises=ValueError, label="zero bandwidth"),
         Case((-1e9, 3.35), raises=ValueError, label="negative bytes"),
+        Case((1e9, 3.35, 0), raises=ValueError, label="zero GPUs"),
+        Case((1e9, -3.35), raises=ValueError, label="negative bandwidth"),
     ]
 
 
@@ -169,6 +202,12 @@ def _floor_times_gpus(weight_bytes, bandwidth_tbps, n_gpus=1):
     return weight_bytes * n_gpus / (bandwidth_tbps * 1e12) * 1e3            # more GPUs slower?
 
 
+def _floor_gpus_unchecked(weight_bytes, bandwidth_tbps, n_gpus=1):
+    if weight_bytes <= 0 or bandwidth_tbps <= 0:             # n_gpus = 0 divides by zero
+        raise ValueError("sizes must be positive")
+    return weight_bytes / (max(n_gpus, 1) * bandwidth_tbps * 1e12) * 1e3
+
+
 def _floor_no_checks(weight_bytes, bandwidth_tbps, n_gpus=1):
     return weight_bytes / (n_gpus * bandwidth_tbps * 1e12) * 1e3 if bandwidth_tbps else math.inf
 
@@ -178,10 +217,14 @@ register(Exercise(
     title="decode floor in ms per token",
     reference=hw.decode_floor_ms,
     cases=_floor_cases,
-    hint=("floor = weight_bytes / (n_gpus x bandwidth_tbps x 1e12) seconds; x 1000 for ms. "
-          "TB/s is 1e12 bytes per second. With n_gpus the GPUs read their shares at the same "
-          "time. Raise ValueError when bytes or bandwidth are not positive."),
-    wrong=[_floor_seconds, _floor_tib, _floor_ignores_gpus, _floor_times_gpus, _floor_no_checks],
+    hint=["Time is amount over rate. What is the amount, what is the rate when several GPUs each "
+          "read their own share at the same time, and which units come out?",
+          "seconds = weight_bytes / (n_gpus x bandwidth_tbps x 1e12), since TB/s is 1e12 "
+          "bytes per second (not 2**40); multiply by 1000 for ms.",
+          "Raise ValueError when weight_bytes <= 0, bandwidth_tbps <= 0 or n_gpus < 1, "
+          "before dividing."],
+    wrong=[_floor_seconds, _floor_tib, _floor_ignores_gpus, _floor_times_gpus, _floor_no_checks,
+           _floor_gpus_unchecked],
 ))
 
 # ---------------------------------------------------------------------------------------
@@ -198,35 +241,53 @@ def _conv_cases():
         Case((80, 0.9, 141.2, kv70, 8000), label="weights larger than the GPU: none fit"),
         Case((24, 0.9, 4.14, 131072, 32768), label="8B INT4 on an RTX 4090, 32k context"),
         Case((80, 0.9, 72.0, kv70, 100), label="weights fill the usable memory exactly"),
+        Case((80, 1.0, 16.0, 1e6, 1000), label="exactly 64 conversations: no rounding either way"),
         Case((80, 0.9, 30.0, kv70, 0), raises=ValueError, label="zero-token conversations"),
+        Case((80, 0.9, 30.0, kv70, -8000), raises=ValueError, label="negative tokens"),
+        Case((80, 1.5, 30.0, kv70, 8000), raises=ValueError,
+             label="usable_fraction 1.5: more than the whole GPU"),
     ]
 
 
-def _conv_check(tokens_per_conversation):
-    if tokens_per_conversation <= 0:
+def _conv_check(tokens_per_conversation, usable_fraction=1.0):
+    if tokens_per_conversation <= 0 or not 0 < usable_fraction <= 1:
         raise ValueError("tokens_per_conversation must be positive")
 
 
 def _conv_round(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token, tokens_per_conversation):
-    _conv_check(tokens_per_conversation)
+    _conv_check(tokens_per_conversation, usable_fraction)
     free = (gpu_memory_gb * usable_fraction - weight_gb) * 1e9
     return max(0, round(free / (kv_bytes_per_token * tokens_per_conversation)))   # rounds up too
 
 
 def _conv_all_memory(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token, tokens_per_conversation):
-    _conv_check(tokens_per_conversation)
+    _conv_check(tokens_per_conversation, usable_fraction)
     free = (gpu_memory_gb - weight_gb) * 1e9                                     # fraction ignored
     return max(0, int(free // (kv_bytes_per_token * tokens_per_conversation)))
 
 
 def _conv_gib(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token, tokens_per_conversation):
-    _conv_check(tokens_per_conversation)
+    _conv_check(tokens_per_conversation, usable_fraction)
     free = (gpu_memory_gb * usable_fraction - weight_gb) * 2 ** 30               # GiB, not GB
     return max(0, int(free // (kv_bytes_per_token * tokens_per_conversation)))
 
 
+def _conv_fraction_unchecked(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token,
+                             tokens_per_conversation):
+    _conv_check(tokens_per_conversation)                 # lets usable_fraction 1.5 through
+    free = (gpu_memory_gb * usable_fraction - weight_gb) * 1e9
+    return max(0, math.floor(free / (kv_bytes_per_token * tokens_per_conversation)))
+
+
+def _conv_ceil(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token,
+               tokens_per_conversation):
+    _conv_check(tokens_per_conversation, usable_fraction)
+    free = (gpu_memory_gb * usable_fraction - weight_gb) * 1e9
+    return max(0, math.ceil(free / (kv_bytes_per_token * tokens_per_conversation)))  # a part-chat
+
+
 def _conv_negative(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token, tokens_per_conversation):
-    _conv_check(tokens_per_conversation)
+    _conv_check(tokens_per_conversation, usable_fraction)
     free = (gpu_memory_gb * usable_fraction - weight_gb) * 1e9
     return math.floor(free / (kv_bytes_per_token * tokens_per_conversation))    # can go below 0
 
@@ -236,8 +297,15 @@ register(Exercise(
     title="conversations whose KV cache fits next to the weights",
     reference=hw.conversations_that_fit,
     cases=_conv_cases,
-    hint=("free bytes = (gpu_memory_gb x usable_fraction - weight_gb) x 1e9; one conversation "
-          "needs kv_bytes_per_token x tokens_per_conversation; count whole conversations "
-          "(round down), never fewer than 0. Raise ValueError for a conversation of 0 tokens."),
-    wrong=[_conv_round, _conv_all_memory, _conv_gib, _conv_negative],
+    int_results=True,
+    hint=["Two amounts of memory: what is left for caches once the weights are in (of the "
+          "part an engine may use), and what one conversation's cache needs. How many whole "
+          "ones fit, and what if the weights leave nothing?",
+          "free bytes = (gpu_memory_gb x usable_fraction - weight_gb) x 1e9; one conversation "
+          "= kv_bytes_per_token x tokens_per_conversation; round the quotient down, never "
+          "below 0.",
+          "Refuse tokens_per_conversation <= 0 and a usable_fraction outside (0, 1] with "
+          "ValueError; then max(0, math.floor(free / per_conversation))."],
+    wrong=[_conv_round, _conv_all_memory, _conv_gib, _conv_negative, _conv_fraction_unchecked,
+           _conv_ceil],
 ))

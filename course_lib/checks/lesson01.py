@@ -72,6 +72,16 @@ def _wrong_decode_subnormal_exponent_minus7(byte):
     return -v if s else v
 
 
+def _wrong_decode_unsigned_zero(byte):
+    s, e, m = _e4m3_fields(byte)
+    if byte & 0x7F == 0:                           # both zeros returned as +0.0
+        return 0.0
+    if e == 15 and m == 7:
+        return math.nan
+    v = (1 + m / 8) * 2.0 ** (e - 7) if e else m / 8 * 2.0 ** -6
+    return -v if s else v
+
+
 def _wrong_decode_only_7f_nan(byte):
     s, e, m = _e4m3_fields(byte)
     if byte == 0x7F:                               # forgets the negative NaN, 0xFF
@@ -92,15 +102,21 @@ register(Exercise(
         Case((0x01,), label="smallest subnormal 2^-9"),
         Case((0x05,), label="a subnormal"),
         Case((0x00,), label="zero"),
+        Case((0x80,), label="0x80 is -0.0: the sign bit still counts"),
         Case((0x78,), label="0x78 = 256: an all-ones exponent is still a number"),
         Case((0x7F,), label="0x7F: NaN, not inf"),
         Case((0xFF,), label="0xFF: NaN as well (sign bit set), not -480"),
         Case((0x4D,), label="0x4D"),
     ],
-    hint="split the byte into s (1 bit), e (4 bits), m (3 bits); e > 0: (1 + m/8) * 2^(e - 7); "
-         "e == 0: subnormal, (m/8) * 2^(1 - 7); only e == 15 and m == 7 is NaN (no inf); "
-         "negate when s is 1",
-    wrong=[_wrong_decode_no_bias, _wrong_decode_no_subnormals, _wrong_decode_ieee_specials,
+    hint=["Split the byte into its three fields first (shifts and masks), then ask: which "
+          "exponent fields are subnormal, which patterns are NaN in a format with no infinity, "
+          "and does the sign bit apply to zero too?",
+          "s = byte >> 7, e = (byte >> 3) & 0xF, m = byte & 0x7. e > 0: (1 + m/8) * 2^(e - 7); "
+          "e == 0: (m/8) * 2^(1 - 7). Only e == 15 with m == 7 is NaN.",
+          "Build the magnitude, then `return -value if s else value` (for value 0.0 that gives "
+          "-0.0, as it should)."],
+    signed_zero=True,
+    wrong=[_wrong_decode_unsigned_zero, _wrong_decode_no_bias, _wrong_decode_no_subnormals, _wrong_decode_ieee_specials,
            _wrong_decode_7f_is_inf, _wrong_decode_ignores_sign,
            _wrong_decode_subnormal_exponent_minus7, _wrong_decode_only_7f_nan],
 ))
@@ -134,6 +150,10 @@ def _wrong_bf16_sign_lost(x):
     return _ref_bf16_bits(abs(x))
 
 
+def _wrong_bf16_as_float(x):
+    return float(_ref_bf16_bits(x))                             # the right pattern, as a float
+
+
 def _wrong_bf16_via_float16(x):
     return int(np.array(x, dtype=np.float16).view(np.uint16))   # fp16 is a different layout
 
@@ -153,10 +173,15 @@ register(Exercise(
         Case((-0.0,), label="-0.0 -> 0x8000"),
         Case((1.0e-40,), label="a float32 subnormal"),
     ],
-    hint="bits = int(np.float32(x).view(np.uint32)); the bf16 pattern is the top 16 bits, "
-         "rounded: add 0x7FFF plus the lowest kept bit ((bits >> 16) & 1), then shift right 16",
+    hint=["BF16 keeps the top 16 of FP32's 32 bits. Keeping them as they are truncates; what "
+          "must you add to the 32-bit pattern before dropping the low 16 so that it rounds to "
+          "nearest, and how do you break an exact tie towards an even last bit?",
+          "Get the pattern with int(np.float32(x).view(np.uint32)). Adding 0x8000 rounds "
+          "half-up; adding 0x7FFF plus the lowest bit you keep rounds half-to-even.",
+          "bits + 0x7FFF + ((bits >> 16) & 1), then >> 16 (and & 0xFFFF)."],
     wrong=[_wrong_bf16_truncate, _wrong_bf16_round_half_up, _wrong_bf16_ties_to_odd,
-           _wrong_bf16_sign_lost, _wrong_bf16_via_float16],
+           _wrong_bf16_sign_lost, _wrong_bf16_via_float16, _wrong_bf16_as_float],
+    int_results=True,
 ))
 
 
@@ -208,9 +233,13 @@ register(Exercise(
         Case((1, 2, 0), label="E1M2, bias 0"),
         Case((4, 3, 7), label="E4M3 if every pattern were a number (max 480)"),
     ],
-    hint="loop over every exponent field e and mantissa field m; e == 0 is zero or subnormal: "
-         "(m / 2^M) * 2^(1 - bias); otherwise (1 + m / 2^M) * 2^(e - bias); return the distinct "
-         "values, sorted, as a float64 numpy array",
+    hint=["Every (exponent field, mantissa field) pair is a value: go through all of them. "
+          "Which exponent field is special (no hidden leading 1)? What do you do about values "
+          "that appear twice?",
+          "e == 0: (m / 2^M) * 2^(1 - bias) (zero and the subnormals); otherwise "
+          "(1 + m / 2^M) * 2^(e - bias).",
+          "Two loops over range(2**E) and range(2**M) into a set; then "
+          "np.array(sorted(values), dtype=np.float64)."],
     wrong=[_wrong_values_no_subnormals, _wrong_values_plus_bias,
            _wrong_values_top_exponent_reserved, _wrong_values_unsorted_with_duplicates],
 ))
@@ -253,6 +282,15 @@ def _wrong_round_no_subnormal_clamp(x):
     return math.copysign(min(round(a / step) * step, 448.0), x)
 
 
+def _wrong_round_unsigned_zero(x):
+    a = abs(x)
+    if a == 0:
+        return 0.0                                               # -0.0 comes back as +0.0
+    step = _e4m3_step(a)
+    r = min(round(a / step) * step, 448.0)
+    return -r if x < 0 and r else r                              # and so does -0.0009
+
+
 def _wrong_round_step_from_bits(x):
     a = abs(x)
     e = max(math.floor(math.log2(a)), -6) if a > 0 else -6
@@ -275,10 +313,18 @@ register(Exercise(
         Case((464.0,), label="464, a tie at the top: 448"),
         Case((1000.0,), label="too big: saturates to 448"),
         Case((0.0,), label="zero"),
+        Case((-0.0,), label="-0.0 keeps its sign"),
+        Case((-0.0009,), label="a tiny negative rounds to -0.0, not +0.0"),
+        Case((-464.0,), label="-464: a tie at the top, saturates to -448"),
     ],
-    hint="for a = |x| > 0, e = max(floor(log2(a)), -6); the grid step there is 2^(e - 3); "
-         "round a / step to the nearest integer with ties to even (Python's round does that), "
-         "multiply back, cap at 448, and put the sign back",
-    wrong=[_wrong_round_truncate, _wrong_round_half_away, _wrong_round_no_saturation,
+    signed_zero=True,
+    hint=["How does the gap between neighbouring E4M3 values depend on the size of the "
+          "number, and what changes below the smallest normal one? Once you can round to a "
+          "multiple of that gap (ties to even), what about numbers past the top, and the sign?",
+          "For a = |x| > 0: e = max(floor(log2(a)), -6); step = 2^(e - 3) (3 mantissa bits); "
+          "Python's round(a / step) rounds ties to even. E4M3 saturates at 448.",
+          "math.copysign(min(round(a / step) * step, 448.0), x); for a == 0 return "
+          "math.copysign(0.0, x) so -0.0 keeps its sign."],
+    wrong=[_wrong_round_unsigned_zero, _wrong_round_truncate, _wrong_round_half_away, _wrong_round_no_saturation,
            _wrong_round_no_subnormal_clamp, _wrong_round_step_from_bits],
 ))

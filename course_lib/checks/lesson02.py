@@ -24,6 +24,9 @@ def _absmax_cases():
         Case((rng.normal(size=64), 3), label="64 random values, INT3"),
         Case((np.array([0.3, -0.1, 0.05, 0.06]), 2), label="INT2: levels -1, 0, 1"),
         Case((np.zeros(5), 8), label="all zeros (scale must not be 0)"),
+        Case((np.array([7.0, 0.5, 1.5, 2.5, -2.5, -0.5, 3.5]), 4),
+             label="exact ties (x / scale = 0.5, 1.5, 2.5, ...): round half to even"),
+        Case((np.array([0.2, -0.05, 0.1], dtype=np.float32), 8), label="float32 input"),
     ]
 
 
@@ -52,6 +55,12 @@ def _wrong_absmax_no_zero_guard(x, bits):  # 0 / 0 on an all-zero input
     return q, scale
 
 
+def _wrong_absmax_half_up(x, bits):  # floor(v + 0.5): ties always go up
+    qmax = 2 ** (bits - 1) - 1
+    scale = float(np.abs(x).max()) / qmax or 1.0
+    return np.clip(np.floor(x / scale + 0.5), -qmax, qmax).astype(np.int8), scale
+
+
 def _wrong_absmax_float_codes(x, bits):  # right numbers, codes left as floats
     qmax = 2 ** (bits - 1) - 1
     scale = float(np.abs(x).max()) / qmax or 1.0
@@ -63,11 +72,15 @@ register(Exercise(
     title="symmetric absmax quantization",
     reference=quant.absmax_quantize,
     cases=_absmax_cases,
-    hint=("qmax = 2**(bits-1) - 1 (127 for INT8, 7 for INT4); scale = max(|x|) / qmax; "
-          "q = clip(round(x / scale), -qmax, qmax) as np.int8. If max(|x|) is 0 use scale 1.0 "
-          "so nothing divides by zero. Return (q, scale) with scale a Python float."),
+    hint=["Which stored level should the largest magnitude land on, so that +max and -max "
+          "are both representable? That fixes the scale. Then: what happens to a value exactly "
+          "halfway between two levels, and to a group that is all zeros?",
+          "qmax = 2**(bits-1) - 1 (127 for INT8, 7 for INT4); scale = max(|x|) / qmax; "
+          "np.round rounds halves to even (floor(v + 0.5) does not).",
+          "q = np.clip(np.round(x / scale), -qmax, qmax).astype(np.int8); use scale 1.0 when "
+          "max(|x|) is 0; return (q, float(scale))."],
     wrong=[_wrong_absmax_pow2, _wrong_absmax_floor, _wrong_absmax_signed_max,
-           _wrong_absmax_no_zero_guard, _wrong_absmax_float_codes],
+           _wrong_absmax_no_zero_guard, _wrong_absmax_float_codes, _wrong_absmax_half_up],
 ))
 
 
@@ -81,6 +94,8 @@ def _zp_cases():
         Case((-3.0, -1.0, 8), label="range below zero"),
         Case((-0.05, 0.7, 3), label="3 bits"),
         Case((0.0, 0.0, 4), label="empty range (scale 1.0, zero 0)"),
+        Case((-0.25, 1.25, 2), label="a tie: -x_min / scale = 0.5 exactly, rounds to even 0"),
+        Case((-0.75, 0.75, 2), label="a tie: -x_min / scale = 1.5 exactly, rounds to even 2"),
         Case((1.0, -1.0, 4), label="x_min > x_max must raise ValueError", raises=ValueError),
     ]
 
@@ -117,6 +132,24 @@ def _wrong_zp_sign(x_min, x_max, bits):  # zero = round(x_min / scale): wrong si
     return scale, int(round(lo / scale))
 
 
+def _wrong_zp_half_up(x_min, x_max, bits):  # int(v + 0.5): ties always go up
+    _zp_guard(x_min, x_max)
+    lo, hi = min(x_min, 0.0), max(x_max, 0.0)
+    scale = (hi - lo) / (2 ** bits - 1)
+    if scale == 0:
+        return 1.0, 0
+    return scale, int(min(max(int(-lo / scale + 0.5), 0), 2 ** bits - 1))
+
+
+def _wrong_zp_float_zero(x_min, x_max, bits):  # right value, but the zero point as a float
+    _zp_guard(x_min, x_max)
+    lo, hi = min(x_min, 0.0), max(x_max, 0.0)
+    scale = (hi - lo) / (2 ** bits - 1)
+    if scale == 0:
+        return 1.0, 0.0
+    return scale, float(min(max(round(-lo / scale), 0), 2 ** bits - 1))
+
+
 def _wrong_zp_unclamped_no_guard(x_min, x_max, bits):  # forgets the empty range
     _zp_guard(x_min, x_max)
     lo, hi = min(x_min, 0.0), max(x_max, 0.0)
@@ -129,11 +162,17 @@ register(Exercise(
     title="scale and zero point of an asymmetric range",
     reference=quant.zero_point,
     cases=_zp_cases,
-    hint=("Widen the range to include 0 (lo = min(x_min, 0), hi = max(x_max, 0)); "
-          "scale = (hi - lo) / (2**bits - 1); zero = round(-lo / scale), clamped to "
-          "0..2**bits-1. An empty range (hi == lo) gets (1.0, 0). Raise ValueError when "
-          "x_min > x_max. Return (scale, zero) with zero an int."),
-    wrong=[_wrong_zp_no_widen, _wrong_zp_pow2, _wrong_zp_sign, _wrong_zp_unclamped_no_guard],
+    hint=["The codes 0 to 2^bits - 1 must cover the range, and 0.0 itself must be stored "
+          "exactly (why does that force you to widen some ranges?). Which code should the "
+          "real number 0 land on?",
+          "lo = min(x_min, 0), hi = max(x_max, 0); there are 2**bits - 1 steps between the "
+          "lowest and the highest code; the zero point is the code of 0.0, i.e. -lo / scale "
+          "rounded (Python's round: ties to even).",
+          "scale = (hi - lo) / (2**bits - 1); zero = int(round(-lo / scale)) clamped to "
+          "0..2**bits - 1; an empty range returns (1.0, 0); x_min > x_max raises ValueError."],
+    int_results=True,
+    wrong=[_wrong_zp_no_widen, _wrong_zp_pow2, _wrong_zp_sign, _wrong_zp_unclamped_no_guard,
+           _wrong_zp_half_up, _wrong_zp_float_zero],
 ))
 
 
@@ -192,8 +231,11 @@ register(Exercise(
     title="dequantize integer codes with a scale and zero point",
     reference=dequantize_codes,
     cases=_deq_cases,
-    hint=("x^ = (q - zero) * scale, and zero = 0 when it is None. Convert q to float64 "
-          "BEFORE subtracting: uint8 arithmetic wraps around (0 - 4 = 252)."),
+    hint=["Undo the two steps of quantization in reverse order. Then look at the dtype of q: "
+          "what is 0 - 4 in uint8 arithmetic?",
+          "x^ = (q - zero) * scale, with zero = 0 when it is None; uint8 wraps around "
+          "(0 - 4 = 252), so leave the integer dtype first.",
+          "(q.astype(np.float64) - zero) * scale."],
     wrong=[_wrong_deq_no_zero, _wrong_deq_uint8_wrap, _wrong_deq_zero_after_scale,
            _wrong_deq_plus_zero],
 ))
@@ -217,6 +259,8 @@ def _metric_cases():
         Case((g, g + 0.1 * rng.normal(size=256)), label="noise at 1/10 of the signal"),
         Case((np.array([1.0, -2.0, 2.0]), np.array([1.0, -1.0, 2.0])), label="one error of 1"),
         Case((np.array([3.0, -4.0]), np.array([3.0, -4.0])), label="exact (SQNR is inf)"),
+        Case((np.array([0.5, -0.25, 0.125], dtype=np.float32),
+              np.array([0.5, -0.5, 0.0], dtype=np.float32)), label="float32 arrays"),
     ]
 
 
@@ -253,9 +297,13 @@ register(Exercise(
     title="MAE, RMSE and SQNR",
     reference=error_metrics,
     cases=_metric_cases,
-    hint=("e = x - x_hat. MAE = mean(|e|); RMSE = sqrt(mean(e**2)); SQNR in dB = "
-          "10 * log10(sum(x**2) / sum(e**2)), and math.inf when e is all zero. "
-          "Return a dict with keys 'mae', 'rmse', 'sqnr_db' holding Python floats."),
+    hint=["All three start from the error, x minus x_hat. Which one must not let positive and "
+          "negative errors cancel, which one punishes big misses more, and which one is a ratio "
+          "of powers (signal over noise) on a log scale? What is that ratio when e is all zero?",
+          "MAE = mean(|e|); RMSE = sqrt(mean(e**2)); SQNR = 10 * log10(sum(x**2) / sum(e**2)) "
+          "dB (10, not 20: these are powers already).",
+          "Return {'mae': ..., 'rmse': ..., 'sqnr_db': ...} as Python floats, with "
+          "math.inf for sqnr_db when sum(e**2) == 0."],
     wrong=[_wrong_metrics_signed, _wrong_metrics_no_sqrt, _wrong_metrics_20log,
            _wrong_metrics_amplitude],
 ))

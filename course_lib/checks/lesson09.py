@@ -1,4 +1,5 @@
-"""Lesson 09 exercises: a W8A16 GEMV kernel in Triton, and arithmetic intensity.
+"""Lesson 09 exercises: a W8A16 GEMV kernel in Triton, arithmetic intensity, and unpacking
+INT4 with the exponent-bias bit trick.
 
 The GEMV is checked in Triton's interpreter on a CPU (small shapes: N, K <= 96), natively
 on a GPU. Its reference is the course kernel's plain-torch reference,
@@ -93,11 +94,13 @@ register(Exercise(
     title="a W8A16 GEMV kernel in Triton",
     reference=w8a16_gemv_reference,
     cases=_gemv_cases,
-    hint=("one program per (block of BLOCK_N outputs, row m of x); loop k0 over K in steps of "
-          "BLOCK_K; load x[m, k0:k0+BLOCK_K] and w_q[n-block, k0:k0+BLOCK_K] with masks "
-          "offs_k < K and offs_n < N (other=0); accumulate tl.sum(w.to(tl.float32) * "
-          "x.to(tl.float32)[None, :], axis=1) in fp32; after the loop multiply by scale[n] "
-          "once and store in y's dtype with the mask offs_n < N"),
+    hint=["Which outputs and which K slice does one program own, and what happens to the "
+          "loads past the last full block of N and of K? Where must the scale go: per weight, "
+          "or once per output?",
+          "Loop k0 over K in steps of BLOCK_K; load x[m, k0:k0+BLOCK_K] and the (BLOCK_N, "
+          "BLOCK_K) int8 tile with masks offs_k < K and offs_n < N (other=0); sum in fp32.",
+          "acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1); after the loop "
+          "acc * scale[offs_n], cast to y_ptr.dtype.element_ty, store with mask offs_n < N"],
     wrong=[_wrong_scale_per_column, _wrong_no_tail_mask, _wrong_int8_accumulator,
            _wrong_output_dtype, _wrong_scale_in_loop],
     rtol=1e-2, atol=1e-2,
@@ -157,9 +160,106 @@ register(Exercise(
     title="arithmetic intensity of a linear layer",
     reference=arithmetic_intensity_reference,
     cases=_intensity_cases,
-    hint=("FLOPs = 2*M*N*K (a multiply and an add); bytes = N*K*weight_bits/8 (weights) + "
-          "N*(K/group_size)*2 (16-bit scales, if group_size is given) + 2*M*K (x) + 2*M*N (y); "
-          "raise ValueError when M, N or K is not positive"),
+    hint=["Count what one multiply-add is worth in FLOPs, and every group of bytes the layer "
+          "must move at least once: not only the weights.",
+          "bytes = weights (bits / 8 each) + one 16-bit scale per group + x and y in 16 bits; "
+          "refuse M, N or K below 1.",
+          "2*M*N*K / (N*K*weight_bits/8 + N*(K/group_size)*2 + 2*M*K + 2*M*N); the scale term "
+          "only when group_size is given"],
     wrong=[_wrong_flops_without_two, _wrong_bits_as_bytes, _wrong_no_scales, _wrong_weights_only],
     rtol=1e-9, atol=0.0,
+))
+
+
+# ---------------------------------------------------------------------------- 09.unpack_int4_bits
+
+def unpack_int4_bits_reference(words, signed=True):
+    """int32 words (..., W), 8 codes each -> (..., 8W) fp32: ``kernels.w4a16.unpack_int4_words``."""
+    from kernels.w4a16 import unpack_int4_words
+
+    return unpack_int4_words(words, signed)
+
+
+def _words(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-2 ** 31, 2 ** 31 - 1, shape, generator=g, dtype=torch.int64).to(torch.int32)
+
+
+def _every_byte():
+    return torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(8, 32).view(torch.int32)
+
+
+def _unpack_cases():
+    return [
+        Case((_every_byte(), True), label="every byte value: all 16 signed codes in both nibbles"),
+        Case((_every_byte(), False), label="every byte value, unsigned codes 0..15"),
+        Case((_words((3, 5), 1),), label="random words, signed (the default)"),
+        Case((_words((7,), 2), False), label="one row of 7 words, unsigned"),
+        Case((torch.tensor([[0x76543210, 0xFEDCBA98 - 2 ** 32]], dtype=torch.int32), True),
+             label="codes 0..7 then 8..15 in order: nibble j holds element j"),
+        Case((torch.arange(8, dtype=torch.uint8), True), label="uint8 bytes, not int32 words",
+             raises=TypeError),
+    ]
+
+
+def _as_words(words):
+    if not isinstance(words, torch.Tensor) or words.dtype != torch.int32:
+        raise TypeError("words must be int32")
+    return words
+
+
+def _wrong_high_nibble_first(words, signed=True):
+    """Read the nibbles from the top of the word down (element 0 taken from bits 28..31)."""
+    words = _as_words(words)
+    shifts = torch.arange(28, -1, -4, dtype=torch.int32)
+    u = (words[..., None] >> shifts) & 0xF
+    q = torch.where(u >= 8, u - 16, u) if signed else u
+    return q.float().reshape(*words.shape[:-1], -1)
+
+
+def _wrong_no_flip(words, signed=True):
+    """Subtracted 2**23 + 8 for signed codes without first flipping the nibbles' top bits."""
+    words = _as_words(words)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    bits = ((words[..., None] >> shifts) & 0xF) | 0x4B000000
+    f = bits.view(torch.float32) - (8388608.0 + (8.0 if signed else 0.0))
+    return f.reshape(*words.shape[:-1], -1)
+
+
+def _wrong_forgot_the_eight(words, signed=True):
+    """Flipped the top bits (codes + 8) but subtracted only 2**23: signed codes come back + 8."""
+    words = _as_words(words)
+    if signed:
+        words = words ^ -0x77777778
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    bits = ((words[..., None] >> shifts) & 0xF) | 0x4B000000
+    return (bits.view(torch.float32) - 8388608.0).reshape(*words.shape[:-1], -1)
+
+
+def _wrong_magic_one(words, signed=True):
+    """Used the bits of 1.0 (0x3F800000): the code lands in the last mantissa bits, 1 + u * 2**-23."""
+    words = _as_words(words)
+    if signed:
+        words = words ^ -0x77777778
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    bits = ((words[..., None] >> shifts) & 0xF) | 0x3F800000
+    f = bits.view(torch.float32) - 1.0 - (8.0 if signed else 0.0)
+    return f.reshape(*words.shape[:-1], -1)
+
+
+register(Exercise(
+    id="09.unpack_int4_bits",
+    title="unpack INT4 codes from 32-bit words with the exponent-bias trick",
+    reference=unpack_int4_bits_reference,
+    cases=_unpack_cases,
+    hint=["A float32 with exponent bits for 2**23 has a mantissa step of exactly 1: what is the "
+          "float whose bits are 0x4B000000 | u for a 4-bit u? And how does a signed nibble "
+          "(two's complement) become 0..15 without a branch?",
+          "Nibble j of a word sits in bits 4j..4j+3 (element j, lowest first). XOR the word "
+          "with 0x88888888 (-0x77777778 as an int32) when signed; that adds 8 to each code.",
+          "shifts = torch.arange(0, 32, 4, dtype=torch.int32); bits = ((words[..., None] >> "
+          "shifts) & 0xF) | 0x4B000000; bits.view(torch.float32) - (8388608.0 + 8 if signed "
+          "else 8388608.0); reshape to (..., 8 * W)"],
+    wrong=[_wrong_high_nibble_first, _wrong_no_flip, _wrong_forgot_the_eight, _wrong_magic_one],
+    rtol=0.0, atol=0.0,
 ))

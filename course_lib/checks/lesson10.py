@@ -1,6 +1,8 @@
-"""Lesson 10 exercises: the roofline floor of a layer, and the speed-up it allows a format.
+"""Lesson 10 exercises: the roofline floor of a layer, the speed-up it allows a format, and
+reading how a format's gain changes with the batch from another machine's results JSON.
 
-References: ``course_lib.bench.layer_floor_ms`` and ``course_lib.bench.floor_speedup``.
+References: ``course_lib.bench.layer_floor_ms``, ``course_lib.bench.floor_speedup`` and
+``kernels.bench.gain_by_batch`` (imported when a check runs: it imports triton).
 """
 from __future__ import annotations
 
@@ -67,10 +69,12 @@ register(Exercise(
     title="the roofline floor of a linear layer",
     reference=bench.layer_floor_ms,
     cases=_floor_cases,
-    hint=("time = max(bytes / bandwidth, FLOPs / peak), in ms; bytes = "
-          "bench.linear_bytes(M, N, K, weight_bits, group_size=group_size) (weights, 16-bit "
-          "scales, x, y), FLOPs = 2*M*N*K; bandwidth_gbps is 1e9 bytes/s, peak_tflops 1e12 "
-          "FLOP/s; peak None means no compute roof; bandwidth <= 0 raises ValueError"),
+    hint=["Two things limit a layer: moving its bytes and doing its FLOPs. They overlap: do "
+          "you add the two times or take one of them? And in which unit do you answer?",
+          "bytes = bench.linear_bytes(M, N, K, weight_bits, group_size=group_size), FLOPs = "
+          "bench.linear_flops(M, N, K); bandwidth_gbps is 1e9 bytes/s, peak_tflops 1e12 FLOP/s.",
+          "max(bytes / (bandwidth_gbps * 1e9), flops / (peak_tflops * 1e12)) * 1e3; no compute "
+          "term when peak_tflops is None; ValueError when bandwidth_gbps <= 0"],
     wrong=[_floor_bytes_only, _floor_sum, _floor_seconds, _floor_weights_only],
     rtol=1e-9, atol=0.0,
 ))
@@ -122,9 +126,114 @@ register(Exercise(
     title="the speed-up over BF16 that the roofline allows",
     reference=bench.floor_speedup,
     cases=_speedup_cases,
-    hint=("floor(BF16) / floor(format) with layer_floor_ms: BF16 uses 16 bits, no scales and "
-          "base_tflops; the format uses weight_bits, group_size and fmt_tflops (None: the BF16 "
-          "rate, since weight-only formats multiply in BF16)"),
+    hint=["A speed-up is the old time over the new time. What does each format move, and at "
+          "which rate does each multiply?",
+          "Both floors come from layer_floor_ms: BF16 with 16 bits, no scales, base_tflops; the "
+          "format with weight_bits, group_size and its own rate.",
+          "layer_floor_ms(M, N, K, 16, None, bw, base_tflops) / layer_floor_ms(M, N, K, "
+          "weight_bits, group_size, bw, base_tflops if fmt_tflops is None else fmt_tflops)"],
     wrong=[_speedup_byte_ratio, _speedup_ignores_fmt_rate, _speedup_inverted, _speedup_no_scales],
     rtol=1e-9, atol=0.0,
+))
+
+
+# ---------------------------------------------------------------------------- 10.gain_by_batch
+
+def gain_by_batch_reference(result, fmt, layer_kn):
+    """{M: baseline ms / fmt ms} over one layer's decode rows: ``kernels.bench.gain_by_batch``."""
+    from kernels.bench import gain_by_batch
+
+    return gain_by_batch(result, fmt, layer_kn)
+
+
+def _row(K, N, M, base, times, phase=None):
+    return {"layer": f"{K}x{N}", "K": K, "N": N, "M": M, "baseline": base,
+            "phase": phase or ("decode" if M <= 64 else "prefill"),
+            "results": {f: {"ms": ms, "ratio_vs_bf16": None} for f, ms in times.items()}}
+
+
+def _planted_gpu_result():
+    """A made-up H100-like result (planted numbers, not a measurement): W4A16 gains 3.3x at
+    batch 1 and less as the batch grows; a second layer and a prefill row to filter out."""
+    rows = []
+    for M, bf16, w4, w8 in [(1, 0.150, 0.045, 0.085), (4, 0.152, 0.060, 0.090),
+                            (16, 0.160, 0.110, 0.100), (64, 0.200, 0.190, 0.150)]:
+        rows.append(_row(8192, 28672, M, "bf16", {"bf16": bf16, "w4a16 g128": w4, "w8a16": w8}))
+    rows.append(_row(8192, 28672, 2048, "bf16", {"bf16": 2.1, "w4a16 g128": 2.6, "w8a16": 2.3}))
+    rows.insert(2, _row(4096, 4096, 1, "bf16", {"bf16": 0.012, "w4a16 g128": 0.006, "w8a16": 0.008}))
+    return {"layers": rows}
+
+
+def _committed_cpu_result():
+    """The course's committed CPU run (results/*.json), whose baseline is fp32."""
+    import json
+    from pathlib import Path
+
+    path = sorted((Path(__file__).resolve().parents[2] / "results").glob("bench_cpu_*.json"))[0]
+    return json.loads(path.read_text())
+
+
+def _gain_cases():
+    cpu = _committed_cpu_result()
+    cpu_row = next(r for r in cpu["layers"] if r["phase"] == "decode")
+    cpu_fmt = [f for f in cpu_row["results"] if f.startswith("int4")][0]
+    return [
+        Case((_planted_gpu_result(), "w4a16 g128", (8192, 28672)), label="planted GPU run, W4A16"),
+        Case((_planted_gpu_result(), "w8a16", (8192, 28672)), label="planted GPU run, W8A16"),
+        Case((_planted_gpu_result(), "w4a16 g128", (4096, 4096)), label="the other layer: one batch"),
+        Case((cpu, cpu_fmt, (cpu_row["K"], cpu_row["N"])),
+             label="the committed CPU run: its baseline is fp32, not bf16"),
+        Case((_planted_gpu_result(), "fp8 w8a8", (8192, 28672)), label="a format not measured",
+             raises=ValueError),
+        Case((_planted_gpu_result(), "w8a16", (1024, 4096)), label="a layer not measured",
+             raises=ValueError),
+    ]
+
+
+def _decode_rows(result, fmt, layer_kn, phase="decode"):
+    rows = [r for r in result["layers"] if (r["K"], r["N"]) == tuple(layer_kn)
+            and (phase is None or r["phase"] == phase)]
+    if not rows or fmt not in rows[0]["results"]:
+        raise ValueError(f"{fmt} or {layer_kn} not measured")
+    return rows
+
+
+def _gain_inverted(result, fmt, layer_kn):
+    """Divided the format's time by the baseline's (a slow-down factor)."""
+    return {r["M"]: r["results"][fmt]["ms"] / r["results"][r["baseline"]]["ms"]
+            for r in _decode_rows(result, fmt, layer_kn)}
+
+
+def _gain_vs_bf16_always(result, fmt, layer_kn):
+    """Assumed the baseline is always bf16 (on a CPU run it is fp32)."""
+    return {r["M"]: r["results"]["bf16"]["ms"] / r["results"][fmt]["ms"]
+            for r in _decode_rows(result, fmt, layer_kn)}
+
+
+def _gain_with_prefill(result, fmt, layer_kn):
+    """Kept the prefill rows too (M = 2048 is not a decode batch)."""
+    return {r["M"]: r["results"][r["baseline"]]["ms"] / r["results"][fmt]["ms"]
+            for r in _decode_rows(result, fmt, layer_kn, phase=None)}
+
+
+def _gain_any_layer(result, fmt, layer_kn):
+    """Did not filter on the layer: another layer's row at the same batch overwrote it."""
+    rows = [r for r in result["layers"] if r["phase"] == "decode" and fmt in r["results"]]
+    _decode_rows(result, fmt, layer_kn)
+    return {r["M"]: r["results"][r["baseline"]]["ms"] / r["results"][fmt]["ms"] for r in rows}
+
+
+register(Exercise(
+    id="10.gain_by_batch",
+    title="how a format's gain changes with the batch, read from a results JSON",
+    reference=gain_by_batch_reference,
+    cases=_gain_cases,
+    hint=["Which rows of result['layers'] belong to this layer and to decode, and against which "
+          "format is each row's speed-up measured?",
+          "Keep rows with (r['K'], r['N']) == layer_kn and r['phase'] == 'decode'; each row names "
+          "its baseline in r['baseline'] (bf16 on most GPUs, fp32 on a CPU); raise ValueError "
+          "when nothing matches or fmt is missing.",
+          "{r['M']: r['results'][r['baseline']]['ms'] / r['results'][fmt]['ms'] for r in rows}"],
+    wrong=[_gain_inverted, _gain_vs_bf16_always, _gain_with_prefill, _gain_any_layer],
+    rtol=1e-12, atol=0.0,
 ))

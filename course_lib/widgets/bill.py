@@ -86,6 +86,12 @@ def bill_widget(model: str = "Llama 3.1 70B", fmt: str = "bf16", gpu: str = "H10
     holds the input widgets and ``result`` the HTML readout, so a test can drive it."""
     import ipywidgets as W
 
+    hw.plan(model, fmt, gpu, batch, context, kv_format, n_gpus)   # refuses bad values, saying why
+    if context not in CONTEXTS:
+        raise ValueError(f"context {context} is not on the widget's slider; choose one of {CONTEXTS}")
+    if batch > 256 or n_gpus not in (1, 2, 4, 8):
+        raise ValueError(f"the widget offers batch 1..256 and 1, 2, 4 or 8 GPUs; got batch "
+                         f"{batch}, n_gpus {n_gpus}")
     style = {"description_width": "110px"}
     layout = W.Layout(width="420px")
     controls = {
@@ -153,4 +159,51 @@ def plot_floor_vs_bits(models=("Llama 3.1 8B", "Gemma 2 27B", "Llama 3.1 70B"),
     return fig
 
 
-__all__ = ["bill_widget", "bill_html", "memory_bar_html", "plot_floor_vs_bits"]
+def step_parts_ms(model, fmt: str = "bf16", gpu: str = "H100 SXM", context: int = 4096,
+                  kv_format: str = "bf16", batches=(1, 2, 4, 8, 16, 32, 64, 128)) -> dict:
+    """For each batch size, one decode step split into the time spent reading weights and
+    the time spent reading every user's KV cache at ``context`` tokens, in ms at the GPU's
+    peak bandwidth (lesson 00). Returns ``{"batch", "weights_ms", "kv_ms"}`` (lists)."""
+    batches = [hw._positive_int("batch", b) for b in batches]
+    if not batches:
+        raise ValueError("batches is empty: give the batch sizes to draw, e.g. (1, 8, 64)")
+    context = hw._positive_int("context", context)
+    g = hw.get_gpu(gpu)
+    w_bytes = hw.weight_bytes(model, fmt)
+    kv_token = hw.model_kv_bytes_per_token(model, kv_format)
+    weights_ms = [hw.decode_floor_ms(min(w_bytes, hw.bytes_read_per_token(model, fmt) * b),
+                                     g.bandwidth_tbps) for b in batches]
+    kv_ms = [kv_token * b * context / (g.bandwidth_tbps * hw.TB) * 1e3 for b in batches]
+    return {"batch": batches, "weights_ms": weights_ms, "kv_ms": kv_ms}
+
+
+def plot_step_vs_batch(model="Llama 3.1 8B", gpu: str = "H100 SXM", context: int = 4096,
+                       setups=(("bf16", "bf16"), ("fp8", "fp8")),
+                       batches=(1, 2, 4, 8, 16, 32, 64, 128)):
+    """Decode step time against batch size, stacked into reading the weights (shared by the
+    batch) and reading the KV caches (one per user), one panel per (weight format, KV
+    format) in ``setups``. Returns the
+    figure (lesson 00: where the bytes go at large batch, the lead-in to lesson 11)."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(setups), figsize=(5.2 * len(setups), 3.8), sharey=True,
+                             squeeze=False)
+    for ax, (fmt, kv_format) in zip(axes[0], setups):
+        parts = step_parts_ms(model, fmt, gpu, context, kv_format, batches)
+        x = np.arange(len(parts["batch"]))                           # (n_batches,)
+        ax.bar(x, parts["weights_ms"], color="#0f6b63", label="weights (read once per step)")
+        ax.bar(x, parts["kv_ms"], bottom=parts["weights_ms"], color="#e0a030",
+               label="KV caches (one per user)")
+        ax.set_xticks(x, [str(b) for b in parts["batch"]])
+        ax.set_xlabel("users in the batch")
+        ax.set_title(f"{hw.get_model(model).name}, weights {fmt}, KV {kv_format}\n"
+                     f"{context:,} tokens each, one {hw.get_gpu(gpu).name}", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("one decode step, ms")
+    axes[0][0].legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+__all__ = ["bill_widget", "bill_html", "memory_bar_html", "plot_floor_vs_bits",
+           "step_parts_ms", "plot_step_vs_batch"]

@@ -17,6 +17,11 @@ GROUP_SIZES = (8, 16, 32, 64, 128, 256)
 
 def playground_weights(rows: int = 8, cols: int = 256, std: float = 0.02, seed: int = 0):
     """Bell-shaped weights, (rows, cols) float32, with no outlier yet (lesson 02)."""
+    for name, v in (("rows", rows), ("cols", cols)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
+    if not (isinstance(std, (int, float)) and np.isfinite(std) and std > 0):
+        raise ValueError(f"std must be a positive number (0.02 is weight-like), got {std!r}")
     rng = np.random.default_rng(seed)
     return (rng.normal(0.0, std, size=(rows, cols))).astype(np.float32)  # (rows, cols)
 
@@ -39,7 +44,14 @@ def playground_stats(fmt: str = "int", bits: int = 4, granularity: str = "per_gr
     """Quantize ``x`` (default: ``playground_weights()``) with one outlier of ``outlier``
     times the largest ordinary weight put at [0, 0]; return the error figures and the levels
     of the outlier's group and of an ordinary group (lessons 02-03)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown playground format {fmt!r}; choose one of {FORMATS}")
+    if not (isinstance(outlier, (int, float)) and np.isfinite(outlier) and outlier >= 0):
+        raise ValueError(f"outlier is a multiple of the largest weight, a number >= 0 "
+                         f"(0 = no outlier); got {outlier!r}")
     x = playground_weights() if x is None else np.array(x, dtype=np.float32)
+    if x.ndim != 2 or x.size == 0:
+        raise ValueError(f"the playground needs a non-empty 2-D (rows, cols) matrix; got shape {x.shape}")
     if outlier:
         x[0, 0] = outlier * float(np.abs(x).max())
     name = f"int{bits}" if fmt == "int" else fmt
