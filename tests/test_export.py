@@ -4,11 +4,12 @@ import json
 import pytest
 import torch
 
-from course_lib import export
+from course_lib import device, export
 from course_lib.methods import calibration as cal
 from course_lib.methods import gptq
 from course_lib.model import load_pretrained
 
+device.ensure_triton_mode()   # transformers may import triton: interpreter mode first on a CPU
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("compressed_tensors")
 
