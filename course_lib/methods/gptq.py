@@ -1,0 +1,314 @@
+"""GPTQ: quantize a layer column by column, spreading each rounding error over the columns not yet
+quantized (lesson 06). Frantar, Ashkboos, Hoefler, Alistarh, "GPTQ: Accurate Post-Training
+Quantization for Generative Pre-trained Transformers", 2022 (arXiv:2210.17323).
+
+A Linear computes y = W x. Rounding W to W' changes the output on the calibration inputs X
+(in, N) by (W - W') X; GPTQ minimises ||W X - W' X||^2 row by row. Its curvature is the
+Hessian H = 2 X X^T (in, in), the same for every row. The steps:
+
+1. H from calibration inputs (:func:`accumulate_hessian`), dampened by a fraction of its mean
+   diagonal so it can be inverted; inputs that never fire (zero diagonal) are zeroed out.
+2. U = upper Cholesky factor of H^-1 (:func:`inverse_cholesky`).
+3. For each column j: quantize it, e = (w_j - q_j) / U[j, j], and subtract e * U[j, k] from
+   every later column k (:func:`gptq_plain`, the loop lesson 06's exercise asks for).
+4. Lazy batches: the same updates, applied inside a block of columns at once and to the rest
+   of the matrix once per block (:func:`gptq_quantize`), which turns vector updates into
+   matrix multiplications.
+5. Act-order: columns with the largest H diagonal (the busiest inputs) first; the group scales
+   are then computed up front from the original weight, so each group keeps one scale whatever
+   the order (``act_order=True``).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from course_lib.methods import calibration as cal
+from course_lib.methods.calibration import GroupQuantLinear
+
+
+# ----------------------------------------------------------------------------- the Hessian
+def accumulate_hessian(H: torch.Tensor | None, n_seen: int, x: torch.Tensor):
+    """Add a batch of layer inputs x (..., in) to the running H = (2 / N) sum_t x_t x_t^T.
+
+    Returns (H (in, in) fp32, tokens seen). Averaging (not summing) keeps H's size independent
+    of the calibration size; GPTQ's answer does not depend on that scale.
+    """
+    x = x.reshape(-1, x.shape[-1]).float()                                   # (b, in)
+    b = x.shape[0]
+    if H is None:
+        H = torch.zeros(x.shape[1], x.shape[1], device=x.device)
+    if b == 0:
+        return H, n_seen
+    H = H * (n_seen / (n_seen + b)) + (2.0 / (n_seen + b)) * (x.T @ x)      # (in, in)
+    return H, n_seen + b
+
+
+def hessian(x: torch.Tensor) -> torch.Tensor:
+    """H = 2 X X^T / N from inputs x (N, in) in one go (lesson 06): (in, in) fp32.
+
+    X here is (in, N), one column per token, as in the paper; with the tokens as rows of x
+    that is 2 x^T x / N."""
+    if x.dim() < 2 or x.shape[0] == 0:
+        raise ValueError(f"x must hold layer inputs as rows, shape (tokens, in_features); got "
+                         f"{tuple(x.shape)} (use x[None] for a single token)")
+    return accumulate_hessian(None, 0, x)[0]
+
+
+def dampen(H: torch.Tensor, damp: float = 0.01) -> torch.Tensor:
+    """A copy of H with dead inputs (zero diagonal) given H[j, j] = 1, then damp * mean(diag H)
+    added to the diagonal (lesson 06), so that H can be inverted."""
+    if H.dim() != 2 or H.shape[0] != H.shape[1]:
+        raise ValueError(f"H must be square (in, in); got {tuple(H.shape)}")
+    if not damp >= 0:
+        raise ValueError(f"damp must be >= 0 (a fraction of the mean diagonal, e.g. 0.01); "
+                         f"got {damp}")
+    H = H.clone()
+    dead = torch.diag(H) == 0                                                # (in,)
+    H[dead, dead] = 1
+    return H + damp * torch.mean(torch.diag(H)) * torch.eye(H.shape[0], dtype=H.dtype,
+                                                            device=H.device)
+
+
+def prepare(W: torch.Tensor, H: torch.Tensor, damp: float = 0.01):
+    """Dead inputs and dampening: returns (W, H) copies, fp32 (fp64 stays fp64).
+
+    A zero diagonal entry means that input was always 0 on the calibration text: its weights
+    cannot matter there, so they are set to 0 and H[j, j] to 1 (the paper's code does the same).
+    Then damp * mean(diag H) is added to the diagonal so that H can be inverted.
+    """
+    if W.dim() != 2 or H.shape != (W.shape[1], W.shape[1]):
+        raise ValueError(f"W must be (out, in) and H (in, in); got {tuple(W.shape)} and "
+                         f"{tuple(H.shape)}")
+    if not (torch.isfinite(W).all() and torch.isfinite(H).all()):
+        raise ValueError("W or H holds NaN or inf: check the model and the calibration inputs")
+    if not damp >= 0:
+        raise ValueError(f"damp must be >= 0 (a fraction of the mean diagonal, e.g. 0.01); "
+                         f"got {damp}")
+    dt = torch.float64 if W.dtype == torch.float64 else torch.float32
+    W, H = W.to(dt).clone(), H.to(dt)
+    W[:, torch.diag(H) == 0] = 0                                             # dead inputs
+    return W, dampen(H, damp)
+
+
+def inverse_cholesky(H: torch.Tensor) -> torch.Tensor:
+    """U, the upper Cholesky factor of H^-1 (U^T U = H^-1), (in, in) (lesson 06).
+
+    Row j of U holds what GPTQ needs when it reaches column j: U[j, j] scales the error and
+    U[j, j+1:] spreads it over the later columns.
+    """
+    try:
+        L = torch.linalg.cholesky(H)                                         # H = L L^T
+        Hinv = torch.cholesky_inverse(L)                                     # H^-1
+        return torch.linalg.cholesky(Hinv, upper=True)                       # (in, in)
+    except torch.linalg.LinAlgError:
+        raise ValueError("H is not positive definite even after dampening: raise damp (e.g. "
+                         "0.1), or use more calibration text (fewer tokens than inputs give a "
+                         "singular H)") from None
+
+
+# ----------------------------------------------------------------------------- the loops
+def _group_start(j: int, group_size: int) -> bool:
+    return j % group_size == 0
+
+
+def gptq_plain(W: torch.Tensor, U: torch.Tensor, bits: int = 4, group_size: int = 128,
+               symmetric: bool = True):
+    """The column loop, one column at a time (lesson 06's exercise; slow but plain).
+
+    W (out, in): the (prepared) weight; U: ``inverse_cholesky`` of its dampened H. Each group's
+    scale comes from the group's columns as they are when the loop reaches the group (earlier
+    errors already added). Returns (codes (out, in), scale (out, G), zero (out, G) or None).
+    """
+    W = W.clone()
+    out_f, in_f = W.shape
+    G = in_f // group_size
+    codes = torch.zeros(out_f, in_f, dtype=torch.int8 if symmetric else torch.uint8)
+    scale = torch.zeros(out_f, G, dtype=W.dtype)
+    zero = None if symmetric else torch.zeros(out_f, G, dtype=torch.int32)
+    for j in range(in_f):
+        g = j // group_size
+        if _group_start(j, group_size):
+            s, z = cal.group_params(W[:, j:j + group_size], bits, symmetric)
+            scale[:, g] = s
+            if zero is not None:
+                zero[:, g] = z
+        z = None if zero is None else zero[:, g]
+        codes[:, j] = cal.quantize_with(W[:, j], scale[:, g], z, bits)
+        q = cal.dequantize_with(codes[:, j], scale[:, g], z).to(W.dtype)     # (out,)
+        err = (W[:, j] - q) / U[j, j]                                        # (out,)
+        W[:, j + 1:] -= err[:, None] * U[j, j + 1:][None, :]                 # (out, in-j-1)
+    return codes, scale, zero
+
+
+def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4, group_size: int = 128,
+                  symmetric: bool = True, damp: float = 0.01, block_size: int = 128,
+                  act_order: bool = False, scale_dtype: torch.dtype = torch.float32,
+                  cache: dict | None = None):
+    """GPTQ for one weight W (out, in) with Hessian H (in, in): lazy block updates, optional
+    act-order (lesson 06). Returns (codes (out, in), scale (out, G), zero (out, G) or None),
+    in the original column order.
+
+    scale_dtype: the dtype scales are stored in (fp32 by default; a checkpoint's bf16/fp16 for
+    an exact export): the loop computes with the stored scale, so codes and scales agree.
+    cache: a dict shared by Linears with the same H (q/k/v), so its factor is computed once.
+    """
+    cal.check_bits(bits)
+    cal.check_group_size(W.shape[1], group_size)
+    H_in = H
+    W, H = prepare(W, H, damp)
+    out_f, in_f = W.shape
+    G = in_f // group_size
+    perm = torch.arange(in_f, device=W.device)
+    static = None
+    if act_order:       # group scales from the original weight, before any column moves
+        static = [cal.group_params(W[:, g * group_size:(g + 1) * group_size], bits, symmetric)
+                  for g in range(G)]
+        perm = torch.argsort(torch.diag(H), descending=True, stable=True)    # (in,)
+        W, H = W[:, perm], H[perm][:, perm]
+    key = (id(H_in), damp, act_order)
+    if cache is not None and key in cache:
+        U = cache[key]
+    else:
+        U = inverse_cholesky(H)                                              # (in, in)
+        if cache is not None:
+            cache[key] = U
+    dev = W.device
+    codes = torch.zeros(out_f, in_f, dtype=torch.int8 if symmetric else torch.uint8, device=dev)
+    scale = torch.zeros(out_f, G, dtype=scale_dtype, device=dev)
+    zero = None if symmetric else torch.zeros(out_f, G, dtype=torch.int32, device=dev)
+    if static is not None:
+        for g, (s, z) in enumerate(static):
+            scale[:, g] = s.to(scale_dtype)
+            if zero is not None:
+                zero[:, g] = z
+    # a block never splits a group: the scale is taken from up-to-date columns
+    block_size = -(-max(block_size, 1) // group_size) * group_size if static is None else block_size
+    for b0 in range(0, in_f, block_size):
+        b1 = min(b0 + block_size, in_f)
+        W1 = W[:, b0:b1].clone()                                             # (out, nb)
+        E1 = torch.zeros_like(W1)                                            # scaled errors
+        U1 = U[b0:b1, b0:b1]                                                 # (nb, nb)
+        for i in range(b1 - b0):
+            j = b0 + i                        # position in the (possibly permuted) order
+            col = int(perm[j])                # the column's original index
+            g = col // group_size
+            if static is None and _group_start(j, group_size):
+                s, z = cal.group_params(W1[:, i:i + group_size], bits, symmetric)
+                scale[:, g] = s.to(scale_dtype)
+                if zero is not None:
+                    zero[:, g] = z
+            z = None if zero is None else zero[:, g]
+            s = scale[:, g].to(W.dtype)
+            q_codes = cal.quantize_with(W1[:, i], s, z, bits)                # (out,)
+            codes[:, col] = q_codes
+            q = cal.dequantize_with(q_codes, s, z).to(W.dtype)               # (out,)
+            err = (W1[:, i] - q) / U1[i, i]                                  # (out,)
+            W1[:, i + 1:] -= err[:, None] * U1[i, i + 1:][None, :]          # inside the block
+            E1[:, i] = err
+        W[:, b1:] -= E1 @ U[b0:b1, b1:]                                      # the lazy update
+    return codes, scale, zero
+
+
+# ----------------------------------------------------------------------------- whole model
+def gptq_linear(linear: nn.Linear, H: torch.Tensor, bits: int = 4, group_size: int = 128,
+                symmetric: bool = True, damp: float = 0.01, block_size: int = 128,
+                act_order: bool = False, scale_dtype: torch.dtype = torch.float32,
+                cache: dict | None = None) -> GroupQuantLinear:
+    """GPTQ of one nn.Linear given its inputs' Hessian, as a :class:`GroupQuantLinear`."""
+    codes, scale, zero = gptq_quantize(linear.weight.detach().float(), H, bits, group_size,
+                                       symmetric, damp, block_size, act_order, scale_dtype,
+                                       cache)
+    return GroupQuantLinear(codes, scale, zero, bits, group_size, linear.bias,
+                            linear.weight.dtype, "gptq" + ("+act" if act_order else ""))
+
+
+@torch.no_grad()
+def block_hessians(block: nn.Module, x: torch.Tensor, cos, sin, batch_size: int = 16
+                   ) -> dict[str, torch.Tensor]:
+    """H of every Linear in a decoder block from one pass over its inputs x (n, T, D).
+
+    Linears fed the same tensor (q/k/v; gate/up) share one H, computed once.
+    """
+    lins = cal.linears(block)
+    Hs: dict[str, list] = {}
+    last = {"x": None, "name": None}   # the tensor itself, held: a freed tensor's address can
+                                       # be reused by the next input of the same shape
+
+    def hook(mod, inputs, name):
+        xin = inputs[0]
+        if xin is last["x"]:                   # same input as the Linear hooked just before
+            Hs[name] = Hs[last["name"]]
+            return
+        last.update(x=xin, name=name)
+        H, n = Hs.get(name, [None, 0])
+        Hs[name] = list(accumulate_hessian(H, n, xin))
+
+    handles = [m.register_forward_pre_hook(lambda m, i, name=n: hook(m, i, name))
+               for n, m in lins.items()]
+    try:
+        for i in range(0, x.shape[0], batch_size):
+            last.update(x=None, name=None)
+            block(x[i:i + batch_size], cos, sin)
+    finally:
+        for h in handles:
+            h.remove()
+    return {n: Hs[n][0] for n in lins}
+
+
+def gptq_model(model: nn.Module, ids: torch.Tensor, bits: int = 4, group_size: int = 128,
+               symmetric: bool = True, damp: float = 0.01, block_size: int = 128,
+               act_order: bool = False, scale_dtype: torch.dtype = torch.float32,
+               batch_size: int = 16, progress: bool = False, n_blocks: int | None = None):
+    """GPTQ on every Linear of the decoder blocks (the head and embeddings stay), block by block
+    on calibration windows ``ids`` (n, T) (lesson 06). Returns ``(quantized copy, seconds)``."""
+    cal.check_model(model, bits, group_size)
+
+    def quantize_block(block, x, cos, sin):
+        Hs = block_hessians(block, x, cos, sin, batch_size)
+        cache: dict = {}                     # q/k/v (and gate/up) share H and its factor
+        for name, lin in cal.linears(block).items():
+            cal.replace(block, name, gptq_linear(lin, Hs[name], bits, group_size, symmetric,
+                                                 damp, block_size, act_order, scale_dtype,
+                                                 cache))
+
+    return cal.quantize_blockwise(model, ids, quantize_block, batch_size, progress=progress,
+                                  desc="GPTQ" + (" act-order" if act_order else ""),
+                                  n_blocks=n_blocks)
+
+
+def output_error(W: torch.Tensor, W_q: torch.Tensor, x: torch.Tensor) -> float:
+    """Relative output error ||W X - W' X|| / ||W X|| on inputs x (N, in) (lesson 06)."""
+    ref = x.float() @ W.float().T                                            # (N, out)
+    return float((ref - x.float() @ W_q.float().T).norm() / ref.norm().clamp_min(1e-30))
+
+
+def benchmark_layer(d: int = 4096, n_tokens: int = 32 * 2048, bits: int = 4,
+                    group_size: int = 128, device: str | None = None, seed: int = 0) -> dict:
+    """Time GPTQ on one random d x d layer with ``n_tokens`` calibration tokens (lesson 06): the
+    Hessian (accumulated in batches of 2048 tokens) and the quantization, in seconds. A
+    benchmark to run by hand, not a test: ``python -m course_lib.methods.gptq``. The paper
+    quantized a 175B model in about four GPU hours."""
+    import time
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    g = torch.Generator(device=dev).manual_seed(seed)
+    W = torch.randn(d, d, generator=g, device=dev) * 0.02
+    t0 = time.perf_counter()
+    H, n = None, 0
+    for _ in range(0, n_tokens, 2048):
+        x = torch.randn(2048, d, generator=g, device=dev)                   # (2048, d)
+        xf = x.float()
+        H = torch.zeros(d, d, device=dev) if H is None else H
+        H = H * (n / (n + 2048)) + (2.0 / (n + 2048)) * (xf.T @ xf)
+        n += 2048
+    t1 = time.perf_counter()
+    codes, scale, zero = gptq_quantize(W, H, bits, group_size)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return {"device": str(dev), "d": d, "n_tokens": n, "hessian_s": round(t1 - t0, 2),
+            "quantize_s": round(t2 - t1, 2), "threads": torch.get_num_threads()}
+
+
+if __name__ == "__main__":
+    print(benchmark_layer())

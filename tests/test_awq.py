@@ -1,0 +1,121 @@
+"""AWQ (course_lib.methods.awq): folding leaves the model unchanged, the search and clipping
+lower the error they minimise, saliency by activation beats weight magnitude and chance."""
+import pytest
+import torch
+
+from course_lib import activations, data, quant
+from course_lib import eval as ceval
+from course_lib.methods import awq
+from course_lib.methods import calibration as cal
+from course_lib.model import load_pretrained
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_pretrained()
+
+
+def _random_scales(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    return [{"attn": torch.rand(cfg.hidden_size, generator=g) * 4 + 0.25,
+             "mlp": torch.rand(cfg.hidden_size, generator=g) * 4 + 0.25,
+             "down": torch.rand(cfg.intermediate_size, generator=g) * 4 + 0.25}
+            for _ in model.model.layers]
+
+
+def test_folding_scales_leaves_the_unquantized_logits_unchanged(model):
+    ids = torch.tensor([list(b"def folded(x):\n    return x * 2\n" * 4)])
+    scaled = awq.scale_model(model, _random_scales(model))
+    a, b = model(ids), scaled(ids)
+    assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), float((a - b).abs().max())
+    # and the weights really did change (not a no-op)
+    w0 = model.model.layers[0].mlp.down_proj.weight
+    assert not torch.allclose(scaled.model.layers[0].mlp.down_proj.weight, w0)
+
+
+def test_fold_scale_into_a_linear_and_an_rmsnorm():
+    g = torch.Generator().manual_seed(1)
+    prev, nxt = torch.nn.Linear(6, 5), torch.nn.Linear(5, 3)
+    x = torch.randn(7, 6, generator=g)
+    before = nxt(prev(x))
+    awq.fold_scale(prev, [nxt], torch.tensor([1.0, 2.0, 0.5, 3.0, 4.0]))
+    assert torch.allclose(nxt(prev(x)), before, atol=1e-5)
+    with pytest.raises(ValueError, match="inputs"):
+        awq.fold_scale(torch.nn.Linear(6, 4), [nxt], torch.ones(4))
+    with pytest.raises(TypeError, match="RMSNorm or Linear"):
+        awq.fold_scale(torch.nn.ReLU(), [nxt], torch.ones(5))
+
+
+def test_scales_for_alpha_zero_is_all_ones_and_normalised():
+    mag = torch.tensor([0.1, 1.0, 10.0])
+    assert torch.allclose(awq.scales_for(mag, 0.0), torch.ones(3))
+    s = awq.scales_for(mag, 0.5)                      # sqrt: 0.316, 1, 3.16 -> product 1
+    assert torch.allclose(s, torch.tensor([0.1 ** 0.5, 1.0, 10 ** 0.5]))
+    assert torch.isclose(s.max() * s.min(), torch.tensor(1.0))
+
+
+def test_search_scale_picks_the_alpha_with_the_smallest_error_and_restores_weights():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(512, 64, generator=g)
+    x[:, :2] *= 30                                    # two salient channels
+    lin = torch.nn.Linear(64, 32, bias=False)
+    w0 = lin.weight.data.clone()
+    s, alpha, errors = awq.search_scale([lin], awq.channel_magnitude(x), lambda: lin(x),
+                                        3, 32, grid=10)
+    assert torch.equal(lin.weight.data, w0)
+    assert len(errors) == 10 and errors[0][0] == 0.0
+    assert alpha == min(errors, key=lambda e: e[1])[0] and alpha > 0
+    assert errors[[a for a, _ in errors].index(alpha)][1] < errors[0][1]   # beats plain RTN
+    assert torch.allclose(s, awq.scales_for(awq.channel_magnitude(x), alpha))
+
+
+def test_clip_search_never_does_worse_than_no_clipping():
+    g = torch.Generator().manual_seed(3)
+    W = torch.randn(16, 64, generator=g)
+    W[0, 3] = 12.0                                    # a weight outlier worth clipping
+    x = torch.randn(256, 64, generator=g)
+    for sym in (True, False):
+        Wc = awq.search_clip(W, x, 3, 32, sym)
+        err = lambda w: float((x @ cal.fake_quant(w, 3, 32, sym).T - x @ W.T).pow(2).mean())  # noqa: E731
+        assert err(Wc) <= err(W) * (1 + 1e-6)
+        assert float(Wc.abs().max()) <= float(W.abs().max())
+
+
+def test_keep_one_percent_salient_by_activation_beats_weight_and_random(model):
+    ids = cal.calibration_ids("bundled", 8, 256)
+    acts = activations.capture_linear_inputs(model, ids, names=["model.layers.0.mlp.down_proj"])
+    x = acts["model.layers.0.mlp.down_proj"]                                 # (N, 640)
+    W = model.model.layers[0].mlp.down_proj.weight.detach()
+    errs = {}
+    for by in awq.SALIENT_BY:
+        keep = awq.salient_channels(W, x, 0.01, by)
+        assert len(keep) == 6
+        Wq = awq.keep_salient(W, keep, 3, 128)
+        errs[by] = float((x @ (Wq - W).T).pow(2).mean())
+    assert errs["activation"] < errs["weight"] and errs["activation"] < errs["random"]
+    with pytest.raises(ValueError, match="by must be"):
+        awq.salient_channels(W, x, 0.01, "gradient")
+    with pytest.raises(ValueError, match="frac"):
+        awq.salient_channels(W, x, 0.0)
+
+
+def test_awq_model_beats_rtn_at_3_bits_and_leaves_the_head(model):
+    ids = cal.calibration_ids("bundled", 16, 256)
+    ref = ceval.reference(model, data.heldout_text(8 * 256 + 1), window=256)
+    log = []
+    qm, seconds = awq.awq_model(model, ids, 3, 128, log=log)
+    assert type(qm.lm_head) is torch.nn.Linear
+    assert isinstance(qm.model.layers[3].self_attn.q_proj, cal.GroupQuantLinear)
+    assert len(log) == 4 and set(log[0]) == {"attn", "mlp", "down"}
+    kl_awq = ceval.compare(qm, ref)["kl_nats"]
+    kl_rtn = ceval.compare(cal.rtn_model(model, 3, 128), ref)["kl_nats"]
+    assert kl_awq < kl_rtn
+
+
+def test_awq_refuses_bad_bits_and_group_sizes(model):
+    ids = cal.calibration_ids("bundled", 2, 64)
+    with pytest.raises(ValueError, match="bits must be"):
+        awq.awq_model(model, ids, 9, 128)
+    with pytest.raises(ValueError, match="does not divide"):
+        awq.awq_model(model, ids, 4, 96, n_blocks=1)
