@@ -130,11 +130,7 @@ def dequantize_q4_1_blocks(raw: torch.Tensor) -> torch.Tensor:
                         f"{type(raw).__name__} {getattr(raw, 'dtype', '')}")
     if raw.dim() != 2 or raw.shape[1] != Q4_1_BYTES:
         raise ValueError(f"raw must have shape (n_blocks, {Q4_1_BYTES}); got {tuple(raw.shape)}")
-    d = raw[:, 0:2].contiguous().view(torch.float16).float()                # (n, 1)
-    m = raw[:, 2:4].contiguous().view(torch.float16).float()                # (n, 1)
-    qs = raw[:, 4:]                                                          # (n, 16)
-    q = torch.cat([qs & 0x0F, qs >> 4], dim=1).float()                       # (n, 32)
-    return d * q + m
+    return unpack_q4_1(raw.numpy(), BLOCK).dequantize()                      # (n, 32)
 
 
 def quantize_q4_1(w: torch.Tensor) -> BlockQuantized:
