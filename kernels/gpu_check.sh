@@ -39,6 +39,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     echo "== kernel tests (native; autotuning off for the sweep; every config forced in turn) =="
     COURSE_KERNELS_AUTOTUNE=0 "$PY" -m pytest -q -o addopts="" -rf \
         tests/test_kernels_w8a16.py tests/test_kernels_w4a16.py tests/test_kernels_fp8.py \
+        tests/test_kernels_w8a8_int8.py tests/test_kernels_decode_attention.py \
         tests/test_kernels_configs.py tests/test_kernels_autotune.py tests/test_bench.py \
         tests/test_bandwidth.py
     tests_rc=$?
