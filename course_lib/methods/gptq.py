@@ -174,6 +174,7 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4, group_size: i
         if cache is not None:
             cache[key] = U
     dev = W.device
+    order = perm.tolist()                     # a Python list: no device round trip per column
     codes = torch.zeros(out_f, in_f, dtype=torch.int8 if symmetric else torch.uint8, device=dev)
     scale = torch.zeros(out_f, G, dtype=scale_dtype, device=dev)
     zero = None if symmetric else torch.zeros(out_f, G, dtype=torch.int32, device=dev)
@@ -191,7 +192,7 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4, group_size: i
         U1 = U[b0:b1, b0:b1]                                                 # (nb, nb)
         for i in range(b1 - b0):
             j = b0 + i                        # position in the (possibly permuted) order
-            col = int(perm[j])                # the column's original index
+            col = order[j]                    # the column's original index
             g = col // group_size
             if static is None and _group_start(j, group_size):
                 s, z = cal.group_params(W1[:, i:i + group_size], bits, symmetric)
@@ -283,32 +284,81 @@ def output_error(W: torch.Tensor, W_q: torch.Tensor, x: torch.Tensor) -> float:
     return float((ref - x.float() @ W_q.float().T).norm() / ref.norm().clamp_min(1e-30))
 
 
-def benchmark_layer(d: int = 4096, n_tokens: int = 32 * 2048, bits: int = 4,
-                    group_size: int = 128, device: str | None = None, seed: int = 0) -> dict:
-    """Time GPTQ on one random d x d layer with ``n_tokens`` calibration tokens (lesson 06): the
-    Hessian (accumulated in batches of 2048 tokens) and the quantization, in seconds. A
-    benchmark to run by hand, not a test: ``python -m course_lib.methods.gptq``. The paper
-    quantized a 175B model in about four GPU hours."""
-    import time
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    g = torch.Generator(device=dev).manual_seed(seed)
-    W = torch.randn(d, d, generator=g, device=dev) * 0.02
-    t0 = time.perf_counter()
-    H, n = None, 0
-    for _ in range(0, n_tokens, 2048):
-        x = torch.randn(2048, d, generator=g, device=dev)                   # (2048, d)
-        xf = x.float()
-        H = torch.zeros(d, d, device=dev) if H is None else H
-        H = H * (n / (n + 2048)) + (2.0 / (n + 2048)) * (xf.T @ xf)
-        n += 2048
-    t1 = time.perf_counter()
-    codes, scale, zero = gptq_quantize(W, H, bits, group_size)
+def _sync(dev: torch.device) -> None:
     if dev.type == "cuda":
-        torch.cuda.synchronize()
-    t2 = time.perf_counter()
-    return {"device": str(dev), "d": d, "n_tokens": n, "hessian_s": round(t1 - t0, 2),
-            "quantize_s": round(t2 - t1, 2), "threads": torch.get_num_threads()}
+        torch.cuda.synchronize(dev)
+
+
+def benchmark_layer(d: int = 4096, n_tokens: int = 32 * 2048, batch: int = 2048, bits: int = 4,
+                    group_size: int = 128, act_order: bool = False, device: str | None = None,
+                    seed: int = 0, warmup: bool = True) -> dict:
+    """Time GPTQ on one random d x d layer with ``n_tokens`` calibration tokens (lesson 06):
+    the Hessian (accumulated in batches of ``batch`` tokens, the random inputs' generation not
+    counted) and the quantization, in seconds. The device is the GPU when there is one (CUDA
+    is synchronised around every timed region), else the CPU. A benchmark to run by hand, not a
+    test: ``python -m course_lib.methods.gptq`` (writes ``results/gptq_bench_<device>.json``).
+    The paper quantized a 175B model in about four GPU hours."""
+    import time
+    if n_tokens < batch or n_tokens % batch:
+        raise ValueError(f"n_tokens ({n_tokens}) must be a positive multiple of batch ({batch})")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if warmup:      # first calls pay for library loading and (on a GPU) kernel selection
+        benchmark_layer(256, 512, 256, bits, min(group_size, 128), act_order, str(dev), seed,
+                        warmup=False)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    W = torch.randn(d, d, generator=g, device=dev) * 0.02                   # (d, d)
+    H, n, hessian_s = None, 0, 0.0
+    for _ in range(n_tokens // batch):
+        x = torch.randn(batch, d, generator=g, device=dev)                  # (batch, d)
+        _sync(dev)
+        t0 = time.perf_counter()
+        H, n = accumulate_hessian(H, n, x)                                  # (d, d)
+        _sync(dev)
+        hessian_s += time.perf_counter() - t0
+    _sync(dev)
+    t0 = time.perf_counter()
+    codes, scale, zero = gptq_quantize(W, H, bits, group_size, act_order=act_order)
+    _sync(dev)
+    quantize_s = time.perf_counter() - t0
+    from course_lib import device as cdevice
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else cdevice.detect().name
+    return {"device": dev.type, "device_name": name, "d": d, "n_tokens": n, "batch": batch,
+            "bits": bits, "group_size": group_size, "act_order": act_order,
+            "hessian_s": round(hessian_s, 3), "quantize_s": round(quantize_s, 3),
+            "total_s": round(hessian_s + quantize_s, 3), "threads": torch.get_num_threads(),
+            "torch": torch.__version__}
+
+
+def main(argv=None) -> dict:
+    """``python -m course_lib.methods.gptq [--device cuda] [--d 4096] [--tokens 65536]``:
+    the one-layer benchmark, printed and written to results/ as JSON."""
+    import argparse
+    import json
+    import re
+    from pathlib import Path
+    p = argparse.ArgumentParser(description="GPTQ on one d x d layer (the Performance benchmark "
+                                            "of lesson 06).")
+    p.add_argument("--d", type=int, default=4096)
+    p.add_argument("--tokens", type=int, default=32 * 2048, help="calibration tokens (32 x 2048)")
+    p.add_argument("--batch", type=int, default=2048, help="tokens per Hessian update")
+    p.add_argument("--group-size", type=int, default=128)
+    p.add_argument("--act-order", action="store_true")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--out", default=None, help="JSON path (default results/gptq_bench_<device>"
+                                               ".json; '-' to write nothing)")
+    a = p.parse_args(argv)
+    r = benchmark_layer(a.d, a.tokens, a.batch, group_size=a.group_size,
+                        act_order=a.act_order, device=a.device)
+    print(json.dumps(r, indent=1))
+    if a.out != "-":
+        slug = re.sub(r"[^a-z0-9]+", "_", f"{r['device']} {r['device_name']}".lower()).strip("_")
+        out = Path(a.out) if a.out else \
+            Path(__file__).resolve().parent.parent.parent / "results" / f"gptq_bench_{slug}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(r, indent=1) + "\n")
+        print(f"written to {out}")
+    return r
 
 
 if __name__ == "__main__":
-    print(benchmark_layer())
+    main()

@@ -3,6 +3,7 @@
 
     python -m course_lib.methods.table --model bundled      # about a minute on 2 cores
     python -m course_lib.methods.table --model smollm2      # tens of minutes on 2 cores
+    python -m course_lib.methods.table --model smollm2 --resume   # only the missing rows
 
 Every row quantizes every Linear of the decoder blocks (embeddings and the output head stay)
 with symmetric group-wise integers in the course's convention (scale = absmax / 7 for INT4,
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -106,10 +108,16 @@ def slice_rows(model, reference, model_name: str, methods=METHODS) -> dict:
     return {**sl, "rows": rows}
 
 
+PROTOCOL_KEYS = ("model", "convention", "calibration", "evaluation")
+
+
 def write_table(model_name: str, path: Path | None = None, progress: bool = True,
-                methods=METHODS) -> dict:
-    """Measure every row and write the JSON (rows written as they finish). ``methods``: a
-    subset re-measures only those rows (and the slice) and keeps the others of the JSON there."""
+                methods=METHODS, resume: bool = False) -> dict:
+    """Measure every row and write the JSON (saved after every row, so an interrupted run keeps
+    what it measured). ``methods``: a subset re-measures only those rows (and the slice) and
+    keeps the others of the JSON there. ``resume``: keep every row (and the slice) already in
+    the JSON when it was measured under the same protocol (model, convention, calibration,
+    evaluation); measure only what is missing."""
     from tqdm.auto import tqdm
     path = path or results_path(model_name)
     st = SETTINGS[model_name]
@@ -131,19 +139,52 @@ def write_table(model_name: str, path: Path | None = None, progress: bool = True
            "machine": {"cpu": platform.processor() or platform.machine(),
                        "threads": torch.get_num_threads(), "torch": torch.__version__},
            "baseline": base, "rows": [], "slice": None}
-    old = json.loads(path.read_text())["rows"] if set(methods) != set(METHODS) else []
+    previous = json.loads(path.read_text()) if path.exists() else None
+    old, old_slice = [], None
+    if previous is not None and (resume or set(methods) != set(METHODS)):
+        if resume:
+            _check_protocol(previous, out, path)
+            old_slice = previous.get("slice")
+            if "note" in previous.get("machine", {}):
+                out["machine"]["earlier_rows"] = previous["machine"]["note"]
+        old = previous["rows"]
     # the comparisons the lessons quote first: the smallest group size, 4 then 3 bits
     jobs = [(bits, gs, m) for gs in st["group_sizes"] for bits in (4, 3) for m in METHODS]
     for bits, gs, m in tqdm(jobs, desc=model_name, disable=not progress):
-        if m in methods:
-            out["rows"].append(row(model, ref, m, ids, bits, gs))
+        kept = _find_or_none(old, m, bits, gs)
+        if m in methods and not (resume and kept is not None):
+            new = row(model, ref, m, ids, bits, gs)
+            new["load_avg_1min"] = round(os.getloadavg()[0], 1)
+            out["rows"].append(new)
+        elif kept is not None:
+            out["rows"].append(kept)
         else:
-            out["rows"].append(find(old, m, bits, gs))
+            raise KeyError(f"no row {m} W{bits} g{gs} in {path} to keep: measure it with "
+                           f"--methods {m} or --resume")
         _write(path, out)
-    out["slice"] = slice_rows(model, reference, model_name)
+    if old_slice and old_slice.get("rows") and all(
+            old_slice.get(k) == v for k, v in st["slice"].items()):
+        out["slice"] = old_slice
+    else:
+        out["slice"] = slice_rows(model, reference, model_name)
     out["seconds_total"] = round(time.perf_counter() - t0, 1)
     _write(path, out)
     return out
+
+
+def _check_protocol(previous: dict, out: dict, path: Path) -> None:
+    """Refuse to mix rows measured under another protocol into this table."""
+    for k in PROTOCOL_KEYS:
+        if previous.get(k) != out[k]:
+            raise ValueError(f"{path} was measured with another {k} ({previous.get(k)!r}, now "
+                             f"{out[k]!r}): --resume cannot reuse its rows; rerun without it")
+
+
+def _find_or_none(rows: list[dict], method: str, bits: int, group_size: int):
+    try:
+        return find(rows, method, bits, group_size)
+    except KeyError:
+        return None
 
 
 def _write(path: Path, out: dict) -> None:
@@ -185,8 +226,11 @@ def main(argv=None) -> None:
     p.add_argument("--model", choices=sorted(SETTINGS), default="bundled")
     p.add_argument("--methods", default=",".join(METHODS),
                    help="re-measure only these rows, keeping the others of the existing JSON")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows (and slice) already in the JSON under the same protocol "
+                        "and measure only the missing ones")
     a = p.parse_args(argv)
-    out = write_table(a.model, methods=tuple(a.methods.split(",")))
+    out = write_table(a.model, methods=tuple(a.methods.split(",")), resume=a.resume)
     print(format_table(out["rows"]))
     print(f"written to {results_path(a.model)} in {out['seconds_total']} s")
 

@@ -1,0 +1,89 @@
+"""The methods table command (course_lib.methods.table): resuming a partial JSON, refusing to mix
+protocols, and GPTQ's one-layer benchmark command (run small here; the real one is by hand)."""
+import json
+
+import pytest
+import torch
+
+from course_lib.methods import gptq
+from course_lib.methods import table
+
+
+class _Ref:
+    bits_per_byte = 1.5
+
+
+@pytest.fixture
+def fake_run(monkeypatch):
+    """write_table with the model, calibration and scoring replaced by stand-ins: returns the
+    list of (method, bits, group_size) rows it actually measured."""
+    measured = []
+    monkeypatch.setattr(table, "load_model", lambda name: (None, lambda m, n, w: _Ref()))
+    monkeypatch.setattr(table.cal, "calibration_ids", lambda *a, **k: torch.zeros(1, 1))
+
+    def fake_row(model, ref, m, ids, bits, gs, n_blocks=None, progress=False):
+        measured.append((m, bits, gs))
+        return {"method": m, "bits": bits, "group_size": gs, "kl_nats": 0.5, "seconds": 1.0}
+
+    monkeypatch.setattr(table, "row", fake_row)
+    monkeypatch.setattr(table, "slice_rows", lambda *a: {**table.SETTINGS["bundled"]["slice"],
+                                                         "rows": [{"method": "live"}]})
+    return measured
+
+
+def _all_jobs():
+    st = table.SETTINGS["bundled"]
+    return [(m, b, g) for g in st["group_sizes"] for b in (4, 3) for m in table.METHODS]
+
+
+def test_resume_measures_only_the_missing_rows_and_keeps_the_rest(fake_run, tmp_path):
+    path = tmp_path / "methods_bundled.json"
+    table.write_table("bundled", path, progress=False)
+    assert len(fake_run) == 16
+    full = json.loads(path.read_text())
+    # drop three rows and the slice, as an interrupted run leaves the file
+    full["rows"] = [r for r in full["rows"] if not (r["bits"] == 3 and r["group_size"] == 128
+                                                    and r["method"] != "rtn")]
+    full["rows"][0]["kl_nats"] = 0.123          # a kept row must come back untouched
+    full["slice"] = None
+    path.write_text(json.dumps(full))
+    fake_run.clear()
+    out = table.write_table("bundled", path, progress=False, resume=True)
+    assert fake_run == [("gptq", 3, 128), ("gptq+act", 3, 128), ("awq", 3, 128)]
+    assert [(r["method"], r["bits"], r["group_size"]) for r in out["rows"]] == _all_jobs()
+    assert out["rows"][0]["kl_nats"] == 0.123
+    assert out["slice"]["rows"] == [{"method": "live"}]
+    assert json.loads(path.read_text())["rows"] == out["rows"]   # saved
+    # nothing missing: nothing measured, the slice kept
+    fake_run.clear()
+    table.write_table("bundled", path, progress=False, resume=True)
+    assert fake_run == []
+
+
+def test_resume_refuses_rows_of_another_protocol(fake_run, tmp_path):
+    path = tmp_path / "methods_bundled.json"
+    table.write_table("bundled", path, progress=False)
+    old = json.loads(path.read_text())
+    old["calibration"]["windows"] = 7
+    path.write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="another calibration"):
+        table.write_table("bundled", path, progress=False, resume=True)
+
+
+def test_a_subset_of_methods_without_the_other_rows_says_what_to_do(fake_run, tmp_path):
+    path = tmp_path / "methods_bundled.json"
+    path.write_text(json.dumps({"rows": []}))
+    with pytest.raises(KeyError, match="--resume"):
+        table.write_table("bundled", path, progress=False, methods=("rtn",))
+
+
+def test_gptq_benchmark_command_writes_its_json(tmp_path):
+    out = tmp_path / "bench.json"
+    r = gptq.main(["--d", "128", "--tokens", "512", "--batch", "256", "--group-size", "32",
+                   "--device", "cpu", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert saved == r
+    assert (r["d"], r["n_tokens"], r["device"]) == (128, 512, "cpu")
+    assert r["total_s"] == pytest.approx(r["hessian_s"] + r["quantize_s"], abs=2e-3)
+    with pytest.raises(ValueError, match="multiple of batch"):
+        gptq.benchmark_layer(128, 300, 256, device="cpu", warmup=False)
