@@ -87,3 +87,21 @@ def test_gptq_benchmark_command_writes_its_json(tmp_path):
     assert r["total_s"] == pytest.approx(r["hessian_s"] + r["quantize_s"], abs=2e-3)
     with pytest.raises(ValueError, match="multiple of batch"):
         gptq.benchmark_layer(128, 300, 256, device="cpu", warmup=False)
+
+
+def test_smollm2_calibration_windows_share_no_passage_with_the_scored_windows():
+    """The table's calibration windows hold no 24-token run of the 8 scored evaluation windows.
+    (The two halves of the pydoc topics do repeat a few passages: a 64-window calibration set
+    (64 x 512, llm-compressor's size) shares 466 of the 4096 scored tokens; 16 share none.)"""
+    from course_lib import smollm
+    from course_lib.methods import calibration as cal
+    if not smollm.available():
+        pytest.skip("SmolLM2 is not installed (course_lib.smollm.available() is False)")
+    st = table.SETTINGS["smollm2"]
+    ids = cal.calibration_ids("smollm2", st["calib_windows"], st["calib_window"])
+    assert ids.shape == (st["calib_windows"], st["calib_window"])
+    ev = smollm.eval_ids()[:st["eval_windows"] * st["eval_window"]].tolist()
+    n = 24
+    scored = {tuple(ev[i:i + n]) for i in range(len(ev) - n + 1)}
+    for w in ids.tolist():
+        assert not any(tuple(w[i:i + n]) in scored for i in range(len(w) - n + 1))
