@@ -111,6 +111,23 @@ def test_bad_input_is_refused_clearly():
     bad = -torch.eye(64)
     with pytest.raises(ValueError, match="not positive definite"):
         gptq.gptq_quantize(W, bad, 4, 32, damp=0.0)
+    with pytest.raises(ValueError, match="not positive definite even after dampening"):
+        gptq.gptq_quantize(W, bad, 4, 32)                   # the default 1% cannot rescue it
+    with pytest.raises(ValueError, match="damp must be"):
+        gptq.gptq_quantize(W, H, 4, 32, damp=-0.1)
+
+
+def test_gptq_model_refuses_bad_bits_and_group_sizes_before_any_work(model):
+    ids = cal.calibration_ids("bundled", 1, 64)
+    for bits in (1, 9, 4.0):
+        with pytest.raises(ValueError, match="bits must be a whole number from 2 to 8"):
+            gptq.gptq_model(model, ids, bits, 32)
+    with pytest.raises(ValueError, match="q_proj: group_size 48 does not divide the layer's 256"):
+        gptq.gptq_model(model, ids, 4, 48)
+    with pytest.raises(ValueError, match="does not divide"):
+        cal.rtn_model(model, 4, 96)
+    with pytest.raises(ValueError, match="shorter than one window"):
+        cal.calibration_ids("bundled", 1, 10 ** 9)
 
 
 def test_calibration_text_shorter_than_a_window_is_refused():
