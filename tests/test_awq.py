@@ -119,3 +119,25 @@ def test_awq_refuses_bad_bits_and_group_sizes(model):
         awq.awq_model(model, ids, 9, 128)
     with pytest.raises(ValueError, match="does not divide"):
         awq.awq_model(model, ids, 4, 96, n_blocks=1)
+
+
+def test_effective_weights_on_unscaled_inputs_reproduce_the_quantized_block(model):
+    ids = cal.calibration_ids("bundled", 2, 64)
+    log = []
+    qm, _ = awq.awq_model(model, ids, 4, 32, n_blocks=1, log=log)
+    assert log[0]["attn"]["s"].shape == (model.config.hidden_size,)
+    eff = awq.effective_weights(qm.model.layers[0], log[0])
+    assert set(eff) == set(cal.linears(model.model.layers[0]))
+    fp, q = model.model.layers[0], qm.model.layers[0]
+    with torch.no_grad():
+        x = model.model.embed_tokens(ids)                                    # (2, 64, D)
+        # q_proj sees the scaled norm's output; the effective weight sees the original norm's
+        ours = q.self_attn.q_proj(q.input_layernorm(x))
+        theirs = fp.input_layernorm(x) @ eff["self_attn.q_proj"].T
+        assert torch.allclose(ours, theirs, atol=1e-4)
+    # o_proj has no scale: its effective weight is the stored one
+    assert torch.equal(eff["self_attn.o_proj"], q.self_attn.o_proj.dequantized())
+    # and each effective weight stays close to the original (INT4 g32)
+    for name, W in eff.items():
+        W0 = fp.get_submodule(name).weight
+        assert (W - W0).norm() < 0.2 * W0.norm(), name

@@ -244,7 +244,7 @@ def awq_block(block: nn.Module, x: torch.Tensor, cos, sin, bits: int = 4,
                 (["self_attn.k_proj", "self_attn.v_proj"] if key == "attn" else []):
             feats[name] = feats[name] / s                                    # inputs are now x / s
         if log is not None:
-            log[key] = {"alpha": alpha, "errors": errors}
+            log[key] = {"alpha": alpha, "errors": errors, "s": s}
     for name, lin in cal.linears(block).items():
         if clip and not name.endswith(("q_proj", "k_proj")):   # q.k scores: the paper keeps them
             lin.weight.data = search_clip(lin.weight.data, feats[name], bits, group_size,
@@ -259,7 +259,8 @@ def awq_model(model: nn.Module, ids: torch.Tensor, bits: int = 4, group_size: in
               scale_dtype: torch.dtype = torch.float32, progress: bool = False,
               n_blocks: int | None = None, log: list | None = None):
     """AWQ on every decoder block, block by block on calibration windows ``ids`` (n, T)
-    (lesson 07). Returns ``(quantized copy, seconds)``; ``log`` collects each block's alphas."""
+    (lesson 07). Returns ``(quantized copy, seconds)``; ``log`` collects, per block and per
+    group ("attn", "mlp", "down"), the chosen alpha, the grid's errors and the scales s."""
     cal.check_model(model, bits, group_size)
 
     def quantize_block(block, x, cos, sin):
@@ -271,6 +272,28 @@ def awq_model(model: nn.Module, ids: torch.Tensor, bits: int = 4, group_size: in
 
     return cal.quantize_blockwise(model, ids, quantize_block, batch_size, progress=progress,
                                   desc="AWQ", n_blocks=n_blocks)
+
+
+def effective_weights(block: nn.Module, entry: dict) -> dict[str, torch.Tensor]:
+    """What each quantized Linear of an AWQ block computes, in the unscaled model's terms
+    (lesson 07): the stored weight with the folded scales taken back out, (out, in) fp32: its
+    input columns multiplied back by 1/s of its group, and up_proj's rows by the down group's s
+    (folded there for down_proj). Comparable with the original weight, on the original inputs.
+    ``entry``: that block's ``log`` entry from :func:`awq_model`. o_proj has no scale."""
+    group_of = {"self_attn.q_proj": "attn", "self_attn.k_proj": "attn",
+                "self_attn.v_proj": "attn", "mlp.gate_proj": "mlp", "mlp.up_proj": "mlp",
+                "mlp.down_proj": "down"}
+    out = {}
+    for name, lin in block.named_modules():
+        if isinstance(lin, cal.GroupQuantLinear):
+            W = lin.dequantized()                                            # (out, in)
+            key = group_of.get(name)
+            if key in entry:
+                W = W / entry[key]["s"][None, :]
+            if name == "mlp.up_proj" and "down" in entry:
+                W = W * entry["down"]["s"][:, None]
+            out[name] = W
+    return out
 
 
 @torch.no_grad()

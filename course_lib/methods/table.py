@@ -69,16 +69,19 @@ def load_model(model_name: str):
 
 
 def quantize(model, method: str, ids, bits: int, group_size: int, n_blocks=None,
-             progress: bool = False):
-    """One method on ``model`` with calibration windows ``ids``: (quantized copy, seconds)."""
+             progress: bool = False, **kw):
+    """One method on ``model`` with calibration windows ``ids``: (quantized copy, seconds).
+    ``kw`` goes to the method (e.g. ``log=[]`` for AWQ's per-block scales)."""
     if method == "rtn":
         t0 = time.perf_counter()
-        return cal.rtn_model(model, bits, group_size, n_blocks=n_blocks), time.perf_counter() - t0
+        return cal.rtn_model(model, bits, group_size, n_blocks=n_blocks, **kw), \
+            time.perf_counter() - t0
     if method in ("gptq", "gptq+act"):
         return gptq.gptq_model(model, ids, bits, group_size, act_order=method == "gptq+act",
-                               progress=progress, n_blocks=n_blocks)
+                               progress=progress, n_blocks=n_blocks, **kw)
     if method == "awq":
-        return awq.awq_model(model, ids, bits, group_size, progress=progress, n_blocks=n_blocks)
+        return awq.awq_model(model, ids, bits, group_size, progress=progress, n_blocks=n_blocks,
+                             **kw)
     raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
 
 
