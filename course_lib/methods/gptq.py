@@ -20,6 +20,8 @@ Hessian H = 2 X X^T (in, in), the same for every row. The steps:
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn as nn
 
@@ -326,7 +328,7 @@ def benchmark_layer(d: int = 4096, n_tokens: int = 32 * 2048, batch: int = 2048,
             "bits": bits, "group_size": group_size, "act_order": act_order,
             "hessian_s": round(hessian_s, 3), "quantize_s": round(quantize_s, 3),
             "total_s": round(hessian_s + quantize_s, 3), "threads": torch.get_num_threads(),
-            "torch": torch.__version__}
+            "torch": torch.__version__, "load_avg_1min": round(os.getloadavg()[0], 2)}
 
 
 def main(argv=None) -> dict:
