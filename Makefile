@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # JupyterLab refuses to run as root without --allow-root (containers, cloud boxes).
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test exercises render model bench clean-venv
+.PHONY: setup lab test exercises render book model bench clean-venv
 
 setup: $(STAMP)
 
@@ -33,6 +33,11 @@ exercises: setup
 # Build a rendered copy of every notebook, with outputs, into rendered/ (not committed).
 render: setup
 	$(PY) -m course_lib.render
+
+# Build the course as a static HTML book (every notebook executed on CPU, with a contents page)
+# into rendered/book/ (not committed): open rendered/book/index.html.
+book: setup
+	$(PY) -m course_lib.book
 
 # Retrain the bundled tiny model (about 30 minutes on 2 CPU cores).
 model: setup
