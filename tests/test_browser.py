@@ -169,6 +169,22 @@ def _errors(pg) -> list[str]:
             or "Error displaying widget" in text]
 
 
+def _dismiss_dialogs(pg, notebook: str) -> None:
+    """Close a modal dialog that would block the menu, after recording what it said."""
+    for _ in range(3):
+        dialog = pg.locator(".jp-Dialog")
+        if dialog.count() == 0:
+            return
+        text = dialog.first.inner_text()
+        print(f"{notebook}: dialog: {text!r}")
+        DIALOGS.append((notebook, text))
+        pg.keyboard.press("Escape")
+        pg.wait_for_timeout(500)
+
+
+DIALOGS: list[tuple[str, str]] = []
+
+
 def open_and_run(pg, lab, notebook: str) -> float:
     """Open ``notebook`` in a fresh workspace, Run All Cells (again once if it did not start)
     and wait until every code cell has an execution count. Returns the seconds Run All took."""
@@ -183,8 +199,16 @@ def open_and_run(pg, lab, notebook: str) -> float:
         f"{notebook}: expected a notebook without outputs, prompts {sorted(set(prompts))}"
     start = time.time()
     for attempt in range(2):
-        pg.get_by_role("menuitem", name="Run", exact=True).click()
-        pg.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).click()
+        for tries in range(3):               # a dialog may block the menu: record it, close it
+            _dismiss_dialogs(pg, notebook)
+            try:
+                pg.get_by_role("menuitem", name="Run", exact=True).click(timeout=10_000)
+                pg.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).click(timeout=10_000)
+                break
+            except Exception:
+                if tries == 2:
+                    pg.screenshot(path=str(SHOTS / f"{Path(notebook).stem}_menu_blocked.png"))
+                    raise
         try:
             pg.wait_for_function(f"""() => ({PROMPTS_JS})().some(p => /\\[(\\*|\\d+)\\]/.test(p))""",
                                  timeout=15_000)
