@@ -95,7 +95,9 @@ def lab(tmp_path_factory):
     env.pop("MPLBACKEND", None)        # conftest sets Agg for nbval; the browser wants inline plots
     port, token = _free_port(), "course-browser-test"
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={ROOT}"]
+           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={ROOT}",
+           # checkpoints (a copy made when a notebook opens) go to the temp dir, not the repo
+           f"--FileCheckpoints.checkpoint_dir={tmp / 'checkpoints'}"]
     if hasattr(os, "getuid") and os.getuid() == 0:
         cmd.append("--allow-root")
     log = open(tmp / "lab.log", "wb")
@@ -274,7 +276,8 @@ def _plots(pg) -> int:
 def repo_notebooks():
     """The repository's notebooks, byte for byte, before any browser test ran."""
     paths = sorted((ROOT / "notebooks").glob("*.ipynb"))
-    return paths, _digest(paths)
+    checkpoints = (ROOT / "notebooks" / ".ipynb_checkpoints").exists()
+    return paths, _digest(paths), checkpoints
 
 
 # ---- the lessons ---------------------------------------------------------------------------
@@ -357,5 +360,8 @@ def test_lesson_03_playground_redraws_when_the_outlier_grows(page, lab, repo_not
 
 
 def test_the_browser_left_the_notebooks_unchanged(page, repo_notebooks):
-    paths, before = repo_notebooks
+    paths, before, checkpoints = repo_notebooks
     assert _digest(paths) == before, "a notebook in the repo changed while the browser ran it"
+    if not checkpoints:
+        assert not (ROOT / "notebooks" / ".ipynb_checkpoints").exists(), \
+            "the browser test left notebooks/.ipynb_checkpoints behind"
