@@ -5,7 +5,8 @@ Rung 1 (cheap, most sensitive): KL divergence and top-1 agreement of the next-to
 distributions against the unquantized model (``course_lib.eval.compare``, lesson 04).
 Rung 2: a task metric with its standard error (``course_lib.eval.completion_accuracy`` on
 the bundled model). Rung 3 (slowest): long greedy generations set beside the reference's,
-and where they first part (:func:`first_divergence`, :func:`divergence_points`).
+and where they first part (:func:`continue_greedy`, :func:`first_divergence`,
+:func:`divergence_points`).
 
 Each rung has a resolution: :func:`rung_sees` says whether a measured difference is beyond
 what that rung can tell from noise, so a lesson can show where each rung stops seeing a
@@ -43,17 +44,25 @@ def first_divergence(ref_ids, ids) -> int:
 
 
 @torch.no_grad()
-def divergence_points(ref_model, model, prompts: torch.Tensor, n_new: int,
-                      first_divergence_fn=first_divergence) -> list[int]:
-    """Greedy-continue each prompt (B, T) by ``n_new`` tokens with both models and return,
-    per prompt, how many new tokens agree before the first difference (``n_new``: never
-    parted). Lesson 12, rung 3. ``first_divergence_fn``: the learner's, once it passes."""
+def continue_greedy(model, prompts: torch.Tensor, n_new: int) -> torch.Tensor:
+    """The ``n_new`` tokens ``model`` writes greedily after each prompt: (B, T) -> (B, n_new).
+    Lesson 12, rung 3 (greedy, so that two models are compared token for token)."""
     from course_lib.model import generate
-    if prompts.dim() != 2:
-        raise ValueError(f"prompts must be (B, T) token ids of equal length; got {tuple(prompts.shape)}")
-    ref = generate(ref_model, prompts, n_new)[:, prompts.shape[1]:]         # (B, n_new)
-    out = generate(model, prompts, n_new)[:, prompts.shape[1]:]             # (B, n_new)
-    return [first_divergence_fn(ref[i], out[i]) for i in range(len(prompts))]
+    if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2:
+        raise ValueError(f"prompts must be a (B, T) tensor of token ids, prompts of equal "
+                         f"length; got {tuple(getattr(prompts, 'shape', ()))}")
+    return generate(model, prompts, n_new)[:, prompts.shape[1]:]            # (B, n_new)
+
+
+def divergence_points(ref_new: torch.Tensor, new: torch.Tensor,
+                      first_divergence_fn=first_divergence) -> list[int]:
+    """Per row of two generations (B, n) (:func:`continue_greedy`), how many tokens agree
+    before the first difference (n: never parted). Lesson 12, rung 3.
+    ``first_divergence_fn``: the learner's, once it passes its check."""
+    if ref_new.dim() != 2 or ref_new.shape[0] != new.shape[0]:
+        raise ValueError(f"expected two (B, n) batches of generations with the same B; got "
+                         f"{tuple(ref_new.shape)} and {tuple(new.shape)}")
+    return [int(first_divergence_fn(ref_new[i], new[i])) for i in range(len(ref_new))]
 
 
 def binomial_se(p: float, n: int) -> float:
@@ -97,5 +106,5 @@ def rung_sees(rung: str, value: float, reference: float | None = None, n: int | 
     return value < n_new
 
 
-__all__ = ["RUNGS", "KL_NOISE", "first_divergence", "divergence_points", "binomial_se",
+__all__ = ["RUNGS", "KL_NOISE", "first_divergence", "continue_greedy", "divergence_points", "binomial_se",
            "rung_sees"]

@@ -35,12 +35,16 @@ def test_divergence_points_on_the_bundled_model():
     from course_lib.model import load_pretrained
     model = load_pretrained()
     prompts = data.to_tensor(data.heldout_text(2 * 64)).view(2, 64)        # (2, 64)
-    assert validate.divergence_points(model, model, prompts, 20) == [20, 20]   # with itself
+    ref_new = validate.continue_greedy(model, prompts, 20)                  # (2, 20)
+    assert ref_new.shape == (2, 20)
+    assert validate.divergence_points(ref_new, validate.continue_greedy(model, prompts, 20)) == [20, 20]
     w2, _ = qmodel.quantize_model(model, "int2", "per_channel", None)
-    points = validate.divergence_points(model, w2, prompts, 20)
+    points = validate.divergence_points(ref_new, validate.continue_greedy(w2, prompts, 20))
     assert all(0 <= p < 20 for p in points)                               # 2 bits: it parts
     with pytest.raises(ValueError, match=r"\(B, T\)"):
-        validate.divergence_points(model, model, prompts[0], 5)
+        validate.continue_greedy(model, prompts[0], 5)
+    with pytest.raises(ValueError, match="same B"):
+        validate.divergence_points(ref_new, ref_new[:1])
 
 
 def test_binomial_se_and_rung_rules():
@@ -165,3 +169,17 @@ def test_quiz_answers_are_options():
         assert answer in options and guide.quiz_answer(q) == answer and question
     with pytest.raises(KeyError, match="unknown question"):
         guide.quiz_answer("q0")
+
+
+def test_decision_widget_updates_and_takes_a_rule():
+    from course_lib.widgets.decision import decision_widget
+    box = decision_widget()
+    assert "W4A16" in box.result.value and "bench_cuda" in box.result.value
+    box.controls["limit"].value = "prefill"
+    box.controls["gpu"].value = "A100 80GB"
+    assert "INT8 W8A8" in box.result.value and "kv-cache-dtype fp8" in box.result.value
+    box.controls["limit"].value = "accuracy"
+    box.controls["size"].value = 405.9
+    assert "W8A16" in box.result.value
+    mine = decision_widget(rule=lambda limit, gpu, params: "bf16")
+    assert "BF16, not quantized" in mine.result.value
