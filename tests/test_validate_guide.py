@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_lib import guide, validate
+from course_lib import device, guide, validate
+
+device.ensure_triton_mode()   # running a model may import triton: interpreter mode first on a CPU
 
 ROOT = Path(__file__).resolve().parent.parent
 
