@@ -74,6 +74,18 @@ def decode_ratio(bench: dict | None, label: str) -> float | None:
     return None if row is None else row.get("ratio_vs_baseline")
 
 
+def best_swept(results: dict, kernel: str = "w4a16") -> tuple[str, dict] | tuple[None, None]:
+    """The fastest launch plan of ``kernel`` in a GPU launch-plan sweep (``sweep_gemv_*.json``,
+    lesson 10), as (file, row with ``speedup_vs_bf16``), or (None, None) when none was run."""
+    for name in sorted(results):
+        if name.startswith("sweep_gemv"):
+            rows = [r for r in results[name].get("rows", []) if r.get("kernel") == kernel
+                    and r.get("speedup_vs_bf16") is not None]
+            if rows:
+                return name, max(rows, key=lambda r: r["speedup_vs_bf16"])
+    return None, None
+
+
 def _methods_row(results, model, method, bits, group_size):
     data = results.get(f"methods_{model}.json")
     for r in (data or {}).get("rows", []):
@@ -318,6 +330,11 @@ def recommend(limit: str, gpu: str, params: float, results: dict | None = None,
                         f"{_fmt_x(bench_ratio(bench, 'w4a16 g128', DECODE_SHAPE))}, prefill "
                         f"{_fmt_x(bench_ratio(bench, 'w4a16 g128', PREFILL_SHAPE))}: bytes saved "
                         f"are not speed until the kernel is good")
+        sweep_name, best = best_swept(results, "w4a16")
+        if best is not None:
+            evidence.append(f"the best of the launch plans swept for it ({sweep_name}): "
+                            f"{_fmt_x(best['speedup_vs_bf16'])}: the kernel's instruction count, "
+                            f"not its block sizes, is the limit (lesson 10)")
     if params < 3e9 and scheme in ("w4a16", "int8_w8a8"):
         reasons.append("a small model: small models lose more to quantization than large ones "
                        "(the evidence below is a 135M model): validate with care")
@@ -436,6 +453,6 @@ def quiz_answer(question: str) -> str:
 
 
 __all__ = ["RESULTS_DIR", "MODELS", "LIMITS", "SCHEMES", "WEIGHT_SHARE", "load_results", "gpu_bench",
-           "bench_ratio", "decode_ratio", "summary_rows", "find_row", "format_summary",
+           "bench_ratio", "decode_ratio", "best_swept", "summary_rows", "find_row", "format_summary",
            "support_rows", "format_support", "choose_scheme", "recommend", "loaded_weights_gib",
            "SERVING", "LLM_COMPRESSOR_RECIPE", "serving_text", "QUIZ", "quiz_answer"]

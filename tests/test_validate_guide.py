@@ -147,6 +147,10 @@ def test_recommend_gives_reasons_and_read_evidence():
     r = guide.recommend("decode", "H200", 8.03e9)
     assert r["scheme"] == "w4a16" and r["weights_gb"] == pytest.approx(8.03 * 4.125 / 8)
     assert any("Triton W4A16" in e and "bench_cuda" in e for e in r["evidence"])
+    sweep = json.loads((ROOT / "results" / "sweep_gemv_nvidia_h200.json").read_text())
+    best = max(x["speedup_vs_bf16"] for x in sweep["rows"] if x["kernel"] == "w4a16" and "ms" in x)
+    assert guide.best_swept(guide.load_results())[1]["speedup_vs_bf16"] == best
+    assert any(f"{best:.2f}x BF16" in e for e in r["evidence"])
     r = guide.recommend("prefill", "A100", 70.6e9)
     assert r["scheme"] == "int8_w8a8" and r["kv_cache"] == "fp8"
     assert any("without smoothing" in e for e in r["evidence"])
