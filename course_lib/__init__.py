@@ -15,5 +15,8 @@ Modules (each imported on demand, so `import course_lib` stays cheap):
 - ``methods``  quantization methods from the papers, one module each (lessons 05-08)
 - ``kv``       quantized KV caches, their byte accounting and quality by position (lesson 11)
 - ``bench``    timing and the roofline (lessons 00, 09, 10)
+- ``validate`` the validation ladder: KL/top-1, a task, long generations (lesson 12)
+- ``guide``    the measured summary read from results/, which GPUs compute which formats,
+               the decision rule, the serving commands, the common-mistakes quiz (lesson 12)
 """
 __version__ = "0.1.0"

@@ -43,14 +43,20 @@ def load_results(results_dir: str | Path = RESULTS_DIR) -> dict[str, dict]:
     return {p.name: json.loads(p.read_text()) for p in sorted(d.glob("*.json"))}
 
 
-def gpu_bench(results: dict) -> tuple[str, dict] | tuple[None, None]:
-    """The newest GPU benchmark in ``results`` (``bench_cuda_*.json``) as (file, data)."""
+def newest_bench(results: dict, kind: str = "cuda") -> tuple[str, dict] | tuple[None, None]:
+    """The newest benchmark (``bench_*.json``, lesson 10) run on a ``kind`` device ("cuda" or
+    "cpu") in ``results``, as (file name, data); (None, None) when there is none."""
     found = [(v.get("created_utc", ""), k) for k, v in results.items()
-             if k.startswith("bench_") and v.get("device", {}).get("kind") == "cuda"]
+             if k.startswith("bench_") and v.get("device", {}).get("kind") == kind]
     if not found:
         return None, None
     name = max(found)[1]
     return name, results[name]
+
+
+def gpu_bench(results: dict) -> tuple[str, dict] | tuple[None, None]:
+    """The newest GPU benchmark in ``results`` as (file, data) (lesson 12's speed columns)."""
+    return newest_bench(results, "cuda")
 
 
 def bench_ratio(bench: dict | None, label: str, shape: tuple[int, int, int]) -> float | None:
@@ -452,7 +458,7 @@ def quiz_answer(question: str) -> str:
     return QUIZ[question][2]
 
 
-__all__ = ["RESULTS_DIR", "MODELS", "LIMITS", "SCHEMES", "WEIGHT_SHARE", "load_results", "gpu_bench",
+__all__ = ["RESULTS_DIR", "MODELS", "LIMITS", "SCHEMES", "WEIGHT_SHARE", "load_results", "newest_bench", "gpu_bench",
            "bench_ratio", "decode_ratio", "best_swept", "summary_rows", "find_row", "format_summary",
            "support_rows", "format_support", "choose_scheme", "recommend", "loaded_weights_gib",
            "SERVING", "LLM_COMPRESSOR_RECIPE", "serving_text", "QUIZ", "quiz_answer"]

@@ -97,6 +97,7 @@ def test_missing_files_drop_rows_and_a_cpu_bench_is_not_a_gpu_bench(tmp_path):
         (tmp_path / name).write_text((src / name).read_text())
     results = guide.load_results(tmp_path)
     assert guide.gpu_bench(results) == (None, None)
+    assert guide.newest_bench(results, "cpu")[0] == "bench_cpu_amd_epyc.json"
     rows = guide.summary_rows(results, "smollm2")
     assert {r["source"] for r in rows} == {"w8a8_smollm2.json"}
     assert all(r["prefill_x"] is None for r in rows)
