@@ -307,6 +307,8 @@ def recommend(limit: str, gpu: str, params: float, results: dict | None = None,
         reasons.append("nothing to gain that is worth any risk: BF16 fits, keep it (and keep it "
                        "as the rollback whatever you deploy)" if limit == "accuracy" else
                        "no format with faster maths than BF16 on this GPU")
+        if limit == "accuracy":
+            ev("W8A16", "should it have to shrink, the closest measured")
     if scheme == "w8a16":
         reasons.append("8-bit weights, 16-bit maths: half the bytes of BF16, the smallest "
                        "quality loss the course measured for any quantized scheme")
