@@ -361,3 +361,16 @@ def test_gpu_check_script_reports_every_failure_and_still_benchmarks():
     assert not re.search(r"-m pytest[^\n]*\s-x\b", text)
     assert text.index("tests_rc=$?") < text.index("-m kernels.bench")
     assert "test_kernels_configs.py" in text and "python3" in text and "has nbval" in text
+
+
+def test_gemv_sweep_refuses_without_a_gpu():
+    """kernels.sweep_gemv times launch plans on a GPU only, and says what to run instead."""
+    import subprocess
+    import sys
+
+    from kernels._common import on_gpu
+    if on_gpu():
+        pytest.skip("a GPU is present: the sweep would run for minutes")
+    r = subprocess.run([sys.executable, "-m", "kernels.sweep_gemv"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and "kernels.bench" in r.stderr
