@@ -103,10 +103,14 @@ def test_every_exercise_is_one_autograded_test_cell(path):
     MetadataValidator().validate_nb(nbformat.from_dict(nb))
     lesson = path.name[:2]
     registered = [i for i in load_all() if i.startswith(lesson + ".")]
-    tests = [c for c in nb["cells"] if c["metadata"]["nbgrader"]["grade"]]
+    graded = [c for c in nb["cells"] if c["metadata"]["nbgrader"]["grade"]]
+    tests = [c for c in graded if c["cell_type"] == "code"]
     checked = [re.search(r'check\("([^"]+)"', _src(c)).group(1) for c in tests]
-    assert sorted(checked) == sorted(registered)
-    assert all(c["metadata"]["nbgrader"]["points"] == 1 and c["cell_type"] == "code" for c in tests)
+    assert sorted(checked) == sorted(registered), \
+        "each registered exercise needs one cell of nothing but check(...) calls"
+    assert all(c["metadata"]["nbgrader"]["points"] == 1 for c in tests)
+    # the only other graded cells: written answers (markdown solution blocks), graded by hand
+    assert all(c["metadata"]["nbgrader"]["solution"] for c in graded if c["cell_type"] != "code")
     for cell in nb["cells"]:
         meta = cell["metadata"]["nbgrader"]
         assert meta["solution"] == ("### BEGIN SOLUTION" in _src(cell)), cell["id"]
@@ -156,3 +160,12 @@ def test_nbconvert_slides_give_one_slide_per_section(name):
     parser.feed(body)
     assert len(parser.titles) == len(headings) >= 8
     assert parser.titles == headings
+
+
+def test_a_written_answer_is_a_hand_graded_solution_cell():
+    nb = _toy()
+    nb["cells"].append(_md("Why?\n\n### BEGIN SOLUTION\nBecause.\n### END SOLUTION", "m"))
+    stamped = nbmeta.stamp(nb, grading=True)
+    meta = stamped["cells"][-1]["metadata"]["nbgrader"]
+    assert meta["solution"] and meta["grade"] and meta["points"] == 1 and not meta["locked"]
+    MetadataValidator().validate_nb(nbformat.from_dict(stamped))
