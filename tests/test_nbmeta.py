@@ -152,7 +152,7 @@ class _Slides(HTMLParser):
 @pytest.mark.parametrize("name", ["00_the_bill", "07_awq"])
 def test_nbconvert_slides_give_one_slide_per_section(name):
     path = ROOT / "notebooks" / f"{name}.ipynb"
-    headings = [line[line.index(" ") + 1:].strip()
+    headings = [re.sub(r"[`*]", "", line[line.index(" ") + 1:]).strip()   # as rendered
                 for c in _nb(path)["cells"] if c["cell_type"] == "markdown"
                 for line in _src(c).split("\n") if re.match(r"#{1,2} ", line)]
     body, _ = SlidesExporter().from_notebook_node(nbformat.read(path, as_version=4))
