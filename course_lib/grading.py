@@ -37,11 +37,12 @@ CONFIG = '''\
 # nbgrader configuration for "Quantization, Hands On" (written by python -m course_lib.grading).
 import os
 
-from course_lib.grading import release_preprocessors
-
 # check(...) raises unless the answer passes, so nbgrader's autograder sees a failed test cell
 # (0 points) for an unsolved or wrong exercise, and a clean one (full points) for a correct one.
+# (First, so that it holds even if the import below fails: nbgrader goes on after a config error.)
 os.environ["COURSE_CHECKS"] = "grading"
+
+from course_lib.grading import release_preprocessors  # noqa: E402
 
 c = get_config()  # noqa: F821 (nbgrader provides it)
 c.CourseDirectory.course_id = "quantization-hands-on"
