@@ -1,4 +1,6 @@
 """The solutions -> exercises generator."""
+import re
+
 import pytest
 
 from course_lib.exercises import make_exercise, strip_solutions
@@ -20,13 +22,13 @@ def test_markdown_block():
     assert "42" not in out and "*(your answer here)*" in out
 
 
-@pytest.mark.parametrize("bad", [
-    "### BEGIN SOLUTION\nx = 1",
-    "x = 1\n### END SOLUTION",
-    "### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION",
+@pytest.mark.parametrize("bad,message", [
+    ("### BEGIN SOLUTION\nx = 1", "'### BEGIN SOLUTION' without '### END SOLUTION'"),
+    ("x = 1\n### END SOLUTION", "'### END SOLUTION' without '### BEGIN SOLUTION'"),
+    ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION", "nested '### BEGIN SOLUTION'"),
 ])
-def test_unbalanced_markers_raise(bad):
-    with pytest.raises(ValueError):
+def test_unbalanced_markers_raise(bad, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         strip_solutions(bad)
 
 
