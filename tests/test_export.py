@@ -10,8 +10,8 @@ from course_lib.methods import gptq
 from course_lib.model import load_pretrained
 
 device.ensure_triton_mode()   # transformers may import triton: interpreter mode first on a CPU
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("compressed_tensors")
+import transformers  # noqa: E402  (test dependencies of the course: fail, never skip)
+import compressed_tensors  # noqa: E402,F401
 
 
 @pytest.fixture(scope="module")
