@@ -126,9 +126,27 @@ def test_run_cpu_backends_writes_json(tmp_path):
     assert result["copy_bandwidth_gbps"] is None or result["copy_bandwidth_gbps"] > 0
     assert [r["M"] for r in result["layers"]] == [1, 9, 16]
     row = result["layers"][0]
-    assert row["results"]["fp32"]["ratio_vs_baseline"] == 1.0
-    assert row["results"]["bf16"]["ratio_vs_bf16"] == 1.0
-    assert row["results"]["int8 (_weight_int8pack_mm)"]["bytes"] < row["results"]["fp32"]["bytes"]
+    # bytes by hand for M=1, N=48, K=128: weights + 16-bit scales (one per row per group) + x + y
+    assert {n: v["bytes"] for n, v in row["results"].items()} == {
+        "fp32": 48 * 128 * 4 + 128 * 4 + 48 * 4,
+        "bf16": 48 * 128 * 2 + 128 * 2 + 48 * 2,
+        "int8 (_weight_int8pack_mm)": 48 * 128 + 48 * 2 + 128 * 2 + 48 * 2,
+        "int4 g128 (_weight_int4pack_mm_for_cpu)": 48 * 128 // 2 + 48 * 2 + 128 * 2 + 48 * 2}
+    # every ratio and rate is derived from the row's own timings, against the named baseline
+    for r in result["layers"]:
+        ms = {n: v["ms"] for n, v in r["results"].items()}
+        assert r["baseline"] == "fp32"
+        for n, v in r["results"].items():
+            assert v["ratio_vs_baseline"] == pytest.approx(ms["fp32"] / ms[n], rel=1e-12)
+            assert v["ratio_vs_bf16"] == pytest.approx(ms["bf16"] / ms[n], rel=1e-12)
+            assert v["gbps"] == pytest.approx(v["bytes"] / (ms[n] * 1e-3) / 1e9, rel=1e-12)
+            assert v["tflops"] == pytest.approx(2 * r["M"] * 48 * 128 / (ms[n] * 1e-3) / 1e12,
+                                                rel=1e-12)
+    dec = result["decode"]["results"]
+    for n, v in dec.items():
+        assert v["tokens_per_s"] == pytest.approx(1e3 / v["ms_per_step"], rel=1e-12)
+        assert v["ratio_vs_baseline"] == pytest.approx(v["tokens_per_s"] / dec["fp32"]["tokens_per_s"],
+                                                       rel=1e-12)
     assert set(result["decode"]["results"]) == {b.name for b in kbench.cpu_backends()}
     gpu_targets = [t for t in result["targets"] if not t["id"].startswith("cpu_")]
     assert len(gpu_targets) == 9 and all(t["met"] is None for t in gpu_targets)  # not measured
