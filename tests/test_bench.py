@@ -451,3 +451,42 @@ def test_rates_from_hand_computed_values():
     assert bench.achieved_tflops(2e12, 2000.0) == pytest.approx(1.0)
     assert bench.median_ms([3.0, 1.0, 2.0]) == 2.0 and bench.median_ms([0.0]) == 0.0
     assert bench.linear_flops(2.0, 3, 4) == 48.0                  # whole floats are accepted
+
+
+# ---- the GPU timers' fallbacks (run on a CPU with the GPU calls replaced) ------------------
+
+def test_cuda_graph_capture_falls_back_to_eager_and_says_so(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("checks the fallback taken when capture fails (no CUDA here)")
+    calls = []
+    step = lambda: calls.append(1)                                  # noqa: E731
+    fn, graphed = kbench._cuda_graph(step)
+    assert fn is step and graphed is False and len(calls) == 3   # warm-up ran, capture failed
+    assert "CUDA graph capture failed, timing eagerly" in capsys.readouterr().out
+
+
+def test_layer_timer_uses_the_graph_time_or_falls_back_to_eager(monkeypatch, capsys):
+    class Props:
+        L2_cache_size = 2 ** 20                                   # 1 MiB
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
+    monkeypatch.setattr(kbench.bench, "time_gpu", lambda fn: 2.5)
+    b = kbench.cpu_backends(probe=False)[0]                        # fp32: 8 x 16 x 4 = 512 bytes
+    states, xs = {b.name: b.prepare(torch.randn(8, 16))}, {b.name: torch.randn(1, 16)}
+    seen = []
+
+    def graph(fns):
+        seen.append(len(fns))
+        return 1.25
+    monkeypatch.setattr(kbench.bench, "time_gpu_graph", graph)
+    ms, extra = kbench._time_gpu_layer([b], states, xs)
+    # enough weight copies to overflow 3x the L2 cache (3 MiB / 512 B), capped at 64
+    assert seen == [64] and ms == {b.name: 1.25}
+    assert extra[b.name] == {"ms_eager": 2.5, "cuda_graph": True, "weight_copies": 64}
+
+    def broken(fns):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(kbench.bench, "time_gpu_graph", broken)
+    ms, extra = kbench._time_gpu_layer([b], states, xs)
+    assert ms == {b.name: 2.5}                                      # the eager time, recorded as such
+    assert extra[b.name] == {"ms_eager": 2.5, "cuda_graph": False, "weight_copies": 1}
+    assert "CUDA graph timing failed, eager time used: RuntimeError" in capsys.readouterr().out
