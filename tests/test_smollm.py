@@ -321,9 +321,12 @@ def test_gguf_helpers_refuse_bad_input(tmp_path):
 
 # ----------------------------------------------------------------------------- bad input
 def _tiny_llama(layers=1):
-    cfg = ModelConfig(vocab_size=64, hidden_size=64, num_hidden_layers=layers,
+    cfg = ModelConfig(vocab_size=64, hidden_size=64, num_hidden_layers=max(1, layers),
                       num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
-    return LlamaModel(cfg).eval()                                    # context 256
+    model = LlamaModel(cfg).eval()                                   # context 256
+    if layers == 0:                                                  # a config refuses 0 layers
+        model.model.layers = torch.nn.ModuleList()
+    return model
 
 
 def _tiny_reference():
