@@ -42,3 +42,11 @@ def test_outputs_are_dropped():
     assert cell["outputs"] == [] and cell["execution_count"] is None
     assert "y = 2" not in "".join(cell["source"])
     assert nb["cells"][0]["outputs"], "the input notebook is not modified"
+
+
+def test_what_is_not_a_cell_or_a_notebook_is_refused():
+    with pytest.raises(TypeError, match=r"source is a cell's text \(str\); got list"):
+        strip_solutions(["x = 1\n"])
+    for nb in ([], {"cells": "x"}, {"metadata": {}}):
+        with pytest.raises(ValueError, match="nb must be a notebook: a dict with a 'cells' list"):
+            make_exercise(nb)
