@@ -490,3 +490,16 @@ def test_layer_timer_uses_the_graph_time_or_falls_back_to_eager(monkeypatch, cap
     assert ms == {b.name: 2.5}                                      # the eager time, recorded as such
     assert extra[b.name] == {"ms_eager": 2.5, "cuda_graph": False, "weight_copies": 1}
     assert "CUDA graph timing failed, eager time used: RuntimeError" in capsys.readouterr().out
+
+
+def test_gemv_sweep_refuses_without_a_gpu():
+    """kernels.sweep_gemv times launch plans on a GPU only, and says what to run instead."""
+    import subprocess
+    import sys
+
+    from kernels._common import on_gpu
+    if on_gpu():
+        pytest.skip("a GPU is present: the sweep would run for minutes")
+    r = subprocess.run([sys.executable, "-m", "kernels.sweep_gemv"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and "kernels.bench" in r.stderr
