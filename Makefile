@@ -26,8 +26,10 @@ lab: setup
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Regenerate exercises/ from solutions/ (CI fails when they are out of sync).
+# Stamp slide and nbgrader metadata (idempotent), then regenerate exercises/ from solutions/
+# (CI fails when either is out of date).
 exercises: setup
+	$(PY) -m course_lib.nbmeta
 	$(PY) -m course_lib.exercises
 
 # Build a rendered copy of every notebook, with outputs, into rendered/ (not committed).

@@ -23,6 +23,13 @@ def render(path: Path, out_root: Path, timeout_s: int = 900, env: dict | None = 
     import nbformat
     from nbclient import NotebookClient
 
+    path = Path(path)
+    if path.suffix != ".ipynb" or not path.is_file():
+        raise FileNotFoundError(f"{path} is not a notebook file (.ipynb) that exists; pass one of "
+                                f"notebooks/*.ipynb or solutions/*.ipynb")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int) or timeout_s < 1:
+        raise ValueError(f"timeout_s is the seconds a cell may run, a whole number >= 1; got "
+                         f"{timeout_s!r}")
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
     NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
