@@ -21,6 +21,9 @@ Modules (each imported on demand, so `import course_lib` stays cheap):
 - ``learner_progress`` which exercises this learner has passed: ``course_lib.progress()``
 - ``exercises``, ``nbmeta``, ``grading`` tooling: exercises/ from solutions/, slide and nbgrader
   metadata, an nbgrader course folder (for authors and instructors)
+- ``render``, ``book`` every notebook executed; the static HTML book (``make book``)
+- ``workshop``, ``notebook_timer`` the instructors' tables from measurements (run times from a
+  timed test run, exercises and difficulty, GPU figures): ``make notebook-times``
 """
 __version__ = "0.1.0"
 
