@@ -26,11 +26,12 @@ lab: setup
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Stamp slide and nbgrader metadata (idempotent), then regenerate exercises/ from solutions/
-# (CI fails when either is out of date).
+# Stamp slide and nbgrader metadata (idempotent), then regenerate exercises/ from solutions/,
+# then the README's and docs/instructors.md's generated tables (CI fails when any is out of date).
 exercises: setup
 	$(PY) -m course_lib.nbmeta
 	$(PY) -m course_lib.exercises
+	$(PY) -m course_lib.workshop doc
 
 # Build a rendered copy of every notebook, with outputs, into rendered/ (not committed).
 render: setup

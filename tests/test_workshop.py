@@ -12,7 +12,8 @@ from course_lib import workshop
 
 def test_generated_tables_match_the_records():
     stale = workshop.stale_documents()
-    assert not stale, f"{stale}: run `python -m course_lib.workshop doc` (after `make notebook-times` if a notebook changed)"
+    assert not stale, (f"{stale}: run `make exercises` (or `python -m course_lib.workshop doc`); "
+                       "after a notebook changed its run time, `make notebook-times`")
 
 
 def test_timing_record_names_notebooks_that_exist():
