@@ -5,7 +5,7 @@ Modules (each imported on demand, so `import course_lib` stays cheap):
 
 - ``device``   what machine this is; Triton interpreter mode on a CPU (every notebook)
 - ``compare``  one comparison helper: exact / allclose / max abs diff / SQNR
-- ``checks``   self-checking exercises: ``check(exercise_id, fn)``
+- ``checks``   self-checking exercises: ``check(exercise_id, fn)``; ``progress()`` below
 - ``hardware`` catalogue of GPUs and models; memory and decode-floor calculators (lesson 00)
 - ``bandwidth`` this machine's measured copy bandwidth (lessons 00, 10)
 - ``formats``  number formats bit by bit (lesson 01)
@@ -15,5 +15,21 @@ Modules (each imported on demand, so `import course_lib` stays cheap):
 - ``methods``  quantization methods from the papers, one module each (lessons 05-08)
 - ``kv``       quantized KV caches, their byte accounting and quality by position (lesson 11)
 - ``bench``    timing and the roofline (lessons 00, 09, 10)
+- ``validate`` the validation ladder: KL/top-1, a task, long generations (lesson 12)
+- ``guide``    the measured summary read from results/, which GPUs compute which formats,
+               the decision rule, the serving commands, the common-mistakes quiz (lesson 12)
+- ``learner_progress`` which exercises this learner has passed: ``course_lib.progress()``
+- ``exercises``, ``nbmeta``, ``grading`` tooling: exercises/ from solutions/, slide and nbgrader
+  metadata, an nbgrader course folder (for authors and instructors)
+- ``render``, ``book`` every notebook executed; the static HTML book (``make book``)
+- ``workshop``, ``notebook_timer`` the instructors' tables from measurements (run times from a
+  timed test run, exercises and difficulty, GPU figures): ``make notebook-times``
 """
 __version__ = "0.1.0"
+
+
+def progress(reset: bool = False, path=None):
+    """Which exercises you have passed, a table per lesson (every exercise notebook);
+    ``reset=True`` starts again. See ``course_lib.learner_progress``."""
+    from course_lib.learner_progress import progress as _progress
+    return _progress(reset=reset, path=path)

@@ -16,6 +16,7 @@ repeats: one noisy sample (another process, an interrupt) does not move it.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,19 @@ class BandwidthResult:
     bytes_moved: int            # per copy: read + written = 2 x bytes_per_copy
     samples_gbps: list[float] = field(default_factory=list)
 
+    def __post_init__(self):
+        for name in ("bytes_per_copy", "bytes_moved"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a whole number of bytes, 1 or more; got {v!r}")
+        if not self.samples_gbps:
+            raise ValueError("samples_gbps is empty: time at least one copy (repeats >= 1)")
+        bad = [g for g in self.samples_gbps
+               if isinstance(g, bool) or not isinstance(g, Real) or not 0 < g < math.inf]
+        if bad:
+            raise ValueError(f"samples_gbps must be positive finite GB/s figures; got {bad[:3]} "
+                             "(a copy that took 0 s: use a larger size_mb)")
+
     @property
     def median_gbps(self) -> float:
         """Median over the repeats, in GB/s (1 GB = 1e9 bytes)."""
@@ -49,6 +63,11 @@ class BandwidthResult:
                 f"median of {len(self.samples_gbps)} (range {lo:.1f}-{hi:.1f}), "
                 f"{self.bytes_per_copy / MB:.0f} MB copied, {self.bytes_moved / MB:.0f} MB moved "
                 "per copy (read + write)")
+
+
+def _check_device(device) -> None:
+    if not isinstance(device, str) or device not in ("auto", "cpu", "cuda", "cuda:0"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
 
 
 def _check(size_mb, repeats, warmup) -> tuple[float, int, int]:
@@ -126,9 +145,7 @@ def measure_copy_bandwidth(device: str = "auto", size_mb: float | None = None,
     """
     import torch
 
-
-    if device not in ("auto", "cpu", "cuda", "cuda:0"):
-        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    _check_device(device)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda"):
@@ -181,8 +198,7 @@ def measure_read_bandwidth(device: str = "auto", size_mb: float | None = None,
     """
     import torch
 
-    if device not in ("auto", "cpu", "cuda", "cuda:0"):
-        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    _check_device(device)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda"):

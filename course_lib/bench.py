@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from numbers import Real
 from typing import Callable
 
 # Bits per stored weight of each weight format a benchmark row can name (scales counted
@@ -34,6 +35,32 @@ LAYERS_8B = [("8B q/o_proj", 4096, 4096), ("8B gate/up_proj", 4096, 14336),
 LAYERS_70B = [("70B q/o_proj", 8192, 8192), ("70B gate/up_proj", 8192, 28672)]
 
 
+# ---------------------------------------------------------------------------- argument checks
+
+def _number(name: str, v, minimum: float = 0.0, inclusive: bool = False) -> float:
+    """``v`` as a float, refused unless it is a finite real above (or at) ``minimum``."""
+    ok = (not isinstance(v, bool) and isinstance(v, Real) and math.isfinite(v)
+          and (v >= minimum if inclusive else v > minimum))
+    if not ok:
+        rel = ">=" if inclusive else ">"
+        raise ValueError(f"{name} must be a finite number {rel} {minimum:g}, got {v!r}")
+    return float(v)
+
+
+def _whole(name: str, v, minimum: int = 1) -> int:
+    """``v`` as an int, refused unless it is a whole number >= ``minimum`` (not a bool)."""
+    if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v) or int(v) != v \
+            or v < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {v!r}")
+    return int(v)
+
+
+def _callable(name: str, fn) -> None:
+    if not callable(fn):
+        raise TypeError(f"{name} must be a function to call with no arguments (e.g. "
+                        f"lambda: layer(x)), got {type(fn).__name__}")
+
+
 # ---------------------------------------------------------------------------- timing
 
 def time_gpu(fn: Callable[[], object], warmup_ms: int = 25, rep_ms: int = 100) -> float:
@@ -44,6 +71,9 @@ def time_gpu(fn: Callable[[], object], warmup_ms: int = 25, rep_ms: int = 100) -
     """
     from course_lib.device import ensure_triton_mode, require_gpu
 
+    _callable("fn", fn)
+    _number("warmup_ms", warmup_ms)
+    _number("rep_ms", rep_ms)
     require_gpu("course_lib.bench.time_gpu")
     ensure_triton_mode()
     import triton.testing
@@ -65,6 +95,19 @@ def speedup_vs_bf16(label: str, prepare: Callable, run: Callable, shapes, batche
 
     from course_lib.device import require_gpu
 
+    if not isinstance(label, str) or not label:
+        raise ValueError(f"label must be a non-empty name such as 'w4a16', got {label!r}")
+    _callable("prepare", prepare)
+    _callable("run", run)
+    shapes, batches = list(shapes), list(batches)
+    if not shapes or not batches:
+        raise ValueError("give at least one (K, N) shape and one batch size M to time")
+    for shape in shapes:
+        if not isinstance(shape, (tuple, list)) or len(shape) != 2:
+            raise ValueError(f"each shape must be a pair (K in, N out), got {shape!r}")
+        _whole("K", shape[0]), _whole("N", shape[1])
+    for M in batches:
+        _whole("batch M", M)
     require_gpu(f"course_lib.bench.speedup_vs_bf16 ({label})")
     dtype = dtype or torch.bfloat16
     rows = []
@@ -93,9 +136,14 @@ def time_gpu_graph(fns: list[Callable[[], object]], min_calls: int = 64,
 
     from course_lib.device import require_gpu
 
-    require_gpu("course_lib.bench.time_gpu_graph")
+    fns = list(fns)
     if not fns:
         raise ValueError("give at least one function to time")
+    for fn in fns:
+        _callable("each of fns", fn)
+    _whole("min_calls", min_calls)
+    _whole("replays", replays)
+    require_gpu("course_lib.bench.time_gpu_graph")
     for fn in fns:
         fn()
     torch.cuda.synchronize()
@@ -119,14 +167,15 @@ def time_gpu_graph(fns: list[Callable[[], object]], min_calls: int = 64,
 
 
 def _check_counts(warmup: int, repeats: int) -> None:
-    if not isinstance(warmup, int) or warmup < 0:
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be a whole number >= 0, got {warmup!r}")
-    if not isinstance(repeats, int) or repeats < 1:
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a whole number >= 1, got {repeats!r}")
 
 
 def time_cpu(fn: Callable[[], object], warmup: int = 2, repeats: int = 7) -> float:
     """Median milliseconds of ``fn()`` on the CPU after ``warmup`` untimed calls (lesson 10)."""
+    _callable("fn", fn)
     return statistics.median(compare_cpu({"fn": fn}, warmup, repeats)["fn"])
 
 
@@ -138,8 +187,12 @@ def compare_cpu(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: 
     ``budget_s``, rounds stop early (after at least 3) once the budget is spent.
     """
     _check_counts(warmup, repeats)
-    if not fns:
-        raise ValueError("give at least one function to time")
+    if not isinstance(fns, dict) or not fns:
+        raise ValueError("give at least one function to time, as {name: function}")
+    for name, fn in fns.items():
+        _callable(f"fns[{name!r}]", fn)
+    if budget_s is not None:
+        _number("budget_s", budget_s)
     names = list(fns)
     for name in names:
         for _ in range(warmup):
@@ -157,7 +210,12 @@ def compare_cpu(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: 
 
 
 def median_ms(samples: list[float]) -> float:
-    """The median of a list of timings."""
+    """The median of a list of timings (lesson 10)."""
+    samples = list(samples)
+    if not samples:
+        raise ValueError("no timings to take the median of: time at least one repeat")
+    for t in samples:
+        _number("each timing (ms)", t, 0.0, inclusive=True)
     return float(statistics.median(samples))
 
 
@@ -165,6 +223,7 @@ def median_ms(samples: list[float]) -> float:
 
 def linear_flops(M: int, N: int, K: int) -> float:
     """FLOPs of y = x W^T with x (M, K), W (N, K): one multiply and one add per term (lesson 09)."""
+    M, N, K = _whole("M", M), _whole("N", N), _whole("K", K)
     return 2.0 * M * N * K
 
 
@@ -177,10 +236,13 @@ def linear_bytes(M: int, N: int, K: int, weight_bits: float = 16, act_bytes: flo
     Per-channel scales are ``group_size=K``.
     """
     for name, v in (("M", M), ("N", N), ("K", K)):
-        if int(v) != v or v < 1:
+        if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v) or int(v) != v \
+                or v < 1:
             raise ValueError(f"{name} must be a positive whole number, got {v!r}")
-    if weight_bits <= 0:
-        raise ValueError(f"weight_bits must be positive, got {weight_bits}")
+    _number("weight_bits", weight_bits)
+    for name, v in (("act_bytes", act_bytes), ("out_bytes", out_bytes),
+                    ("scale_bytes", scale_bytes)):
+        _number(name, v, 0.0, inclusive=True)
     if group_size is not None and (isinstance(group_size, bool) or int(group_size) != group_size
                                    or group_size < 1 or K % group_size):
         raise ValueError(f"group_size {group_size!r} must be a positive whole number that divides "
@@ -204,12 +266,16 @@ def arithmetic_intensity(M: int, N: int, K: int, weight_bits: float = 16, act_by
 
 
 def achieved_gbps(n_bytes: float, ms: float) -> float:
-    """Bytes moved per second, in GB/s (1e9 bytes), for a kernel that took ``ms``."""
+    """Bytes moved per second, in GB/s (1e9 bytes), for a kernel that took ``ms`` (lesson 10)."""
+    _number("n_bytes", n_bytes, 0.0, inclusive=True)
+    _number("ms", ms)
     return n_bytes / (ms * 1e-3) / 1e9
 
 
 def achieved_tflops(flops: float, ms: float) -> float:
-    """FLOP rate in TFLOP/s for ``flops`` done in ``ms``."""
+    """FLOP rate in TFLOP/s for ``flops`` done in ``ms`` (lesson 10)."""
+    _number("flops", flops, 0.0, inclusive=True)
+    _number("ms", ms)
     return flops / (ms * 1e-3) / 1e12
 
 
@@ -217,11 +283,16 @@ def achieved_tflops(flops: float, ms: float) -> float:
 
 def ridge_point(peak_tflops: float, bandwidth_gbps: float) -> float:
     """Intensity (FLOP/byte) where the roofline turns: peak / bandwidth (lesson 09)."""
+    _number("peak_tflops", peak_tflops)
+    _number("bandwidth_gbps", bandwidth_gbps)
     return peak_tflops * 1e12 / (bandwidth_gbps * 1e9)
 
 
 def roofline_tflops(intensity: float, peak_tflops: float, bandwidth_gbps: float) -> float:
     """Attainable TFLOP/s at this intensity: min(peak, intensity x bandwidth) (lesson 09)."""
+    _number("intensity", intensity)
+    _number("peak_tflops", peak_tflops)
+    _number("bandwidth_gbps", bandwidth_gbps)
     return min(peak_tflops, intensity * bandwidth_gbps * 1e9 / 1e12)
 
 
@@ -265,6 +336,12 @@ def catalogue_gpu(device_name: str, memory_gb: float | None = None):
     """
     from course_lib import hardware
 
+    if not isinstance(device_name, str):
+        raise TypeError(f"device_name must be the name torch reports (a string, e.g. "
+                        f"torch.cuda.get_device_name(0)), got {type(device_name).__name__}")
+    if memory_gb is not None:
+        _number("memory_gb", memory_gb)
+
     n = device_name.upper().replace("-", " ")
     table = [("H200", "H200"), ("H100 PCIE", "H100 PCIe"), ("H100 NVL", "H100 NVL"),
              ("H100", "H100 SXM"), ("L40S", "L40S"), ("4090", "RTX 4090"), ("B200", "B200"),
@@ -289,7 +366,15 @@ def plot_roofline(points, bandwidth_gbps: float, peak_tflops: float | None = Non
     import matplotlib.pyplot as plt
     import numpy as np
 
+    _number("bandwidth_gbps", bandwidth_gbps)
+    if peak_tflops is not None:
+        _number("peak_tflops", peak_tflops)
     points = list(points)
+    for p in points:
+        if not isinstance(p, (tuple, list)) or len(p) != 3:
+            raise ValueError(f"each point must be (label, intensity, TFLOP/s), got {p!r}")
+        _number(f"intensity of {p[0]!r}", p[1])        # log axes: zero or negative cannot show
+        _number(f"TFLOP/s of {p[0]!r}", p[2])
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 4.5))
     xs = [p[1] for p in points] or [1.0]

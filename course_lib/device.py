@@ -49,6 +49,11 @@ def native_formats_for(compute_capability: tuple[int, int] | None) -> list[str]:
     """
     if compute_capability is None:
         return ["fp32", "bf16"]
+    cc = compute_capability
+    if not (isinstance(cc, (tuple, list)) and len(cc) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in cc)):
+        raise ValueError(f"compute_capability must be a (major, minor) pair of whole numbers such "
+                         f"as (8, 9), or None for a CPU; got {cc!r}")
     return [f for f, cc in NATIVE_FORMAT_MIN_CC.items() if tuple(compute_capability) >= cc]
 
 
@@ -130,6 +135,9 @@ def summary(info: DeviceInfo | None = None) -> DeviceInfo:
     """Print what this machine is and what it computes natively (first cell of every notebook)."""
     import torch
 
+    if info is not None and not isinstance(info, DeviceInfo):
+        raise TypeError(f"info must be a DeviceInfo from device.detect(), or None to detect "
+                        f"this machine; got {type(info).__name__}")
     info = info or detect()
     print(f"Python {platform.python_version()}, torch {torch.__version__}")
     if info.has_gpu:

@@ -30,6 +30,9 @@ HINT = re.compile(r"^\s*#\s*HINT:\s*(.*)$")
 
 def strip_solutions(source: str, markdown: bool = False) -> str:
     """Replace every BEGIN/END SOLUTION block in ``source`` with a stub (see module doc)."""
+    if not isinstance(source, str):
+        raise TypeError(f"source is a cell's text (str); got {type(source).__name__} (join a "
+                        f"notebook cell's list of lines first)")
     out: list[str] = []
     inside = False
     indent = ""
@@ -65,6 +68,9 @@ def strip_solutions(source: str, markdown: bool = False) -> str:
 
 def clean_notebook(nb: dict) -> dict:
     """Drop outputs, execution counts and volatile metadata (committed notebooks are clean)."""
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise ValueError("nb must be a notebook: a dict with a 'cells' list (json.load of an "
+                         ".ipynb file)")
     nb = json.loads(json.dumps(nb))
     for cell in nb.get("cells", []):
         if cell.get("cell_type") == "code":

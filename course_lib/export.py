@@ -45,8 +45,15 @@ COMPRESSED_TENSORS_VERSION = "0.20.1"
 def pack_int32(codes: torch.Tensor, bits: int, dim: int = 1) -> torch.Tensor:
     """Pack unsigned codes (0..2**bits-1) ``32 // bits`` per int32 along ``dim`` (first element
     in the lowest bits), as compressed-tensors' ``pack_to_int32`` does for 4 and 8 bits."""
-    if bits not in SUPPORTED_BITS:
-        raise ValueError(f"pack-quantized checkpoints here hold 4- or 8-bit codes; got {bits}")
+    if isinstance(bits, bool) or bits not in SUPPORTED_BITS:
+        raise ValueError(f"pack-quantized checkpoints here hold 4- or 8-bit codes; got {bits!r}")
+    if not isinstance(codes, torch.Tensor) or codes.dim() != 2 or codes.is_floating_point() \
+            or codes.dtype == torch.bool or codes.numel() == 0:
+        raise ValueError("codes must be a non-empty 2-D integer tensor (rows, cols) of unsigned "
+                         "codes; got " + (f"{codes.dtype} of shape {tuple(codes.shape)}"
+                                          if isinstance(codes, torch.Tensor) else type(codes).__name__))
+    if dim not in (0, 1) or isinstance(dim, bool):
+        raise ValueError(f"dim is the axis to pack along, 0 or 1; got {dim!r}")
     per = 32 // bits
     u = codes.to(torch.int64)
     if int(u.min()) < 0 or int(u.max()) >= 2 ** bits:
@@ -103,6 +110,14 @@ def _quantized_layers(model: nn.Module) -> dict[str, GroupQuantLinear]:
 def quantization_config(bits: int, group_size: int, symmetric: bool,
                         ignore=("lm_head",)) -> dict:
     """The ``quantization_config`` block of config.json for W{bits}A16 group-wise integers."""
+    if isinstance(bits, bool) or bits not in SUPPORTED_BITS:
+        raise ValueError(f"bits must be one of {SUPPORTED_BITS} (what vLLM's W4A16/W8A16 kernels "
+                         f"take); got {bits!r}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be a whole number >= 1 (inputs per scale); got "
+                         f"{group_size!r}")
+    if not isinstance(symmetric, bool):
+        raise TypeError(f"symmetric must be True or False; got {symmetric!r}")
     return {"quant_method": "compressed-tensors", "format": "pack-quantized",
             "quantization_status": "compressed", "version": COMPRESSED_TENSORS_VERSION,
             "config_groups": {"group_0": {
@@ -125,6 +140,15 @@ def export_compressed(model: nn.Module, folder: str | Path, dtype: torch.dtype =
     tokenizer_json: a tokenizer.json to copy; default: the byte-level one for a 256-token model.
     """
     from safetensors.torch import save_file
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch dtype (torch.bfloat16 or "
+                        f"torch.float16 for vLLM); got {dtype!r}")
+    if Path(folder).is_file():
+        raise NotADirectoryError(f"{folder} is a file; export_compressed writes a checkpoint "
+                                 f"*folder*: give a folder path")
+    if tokenizer_json is not None and not Path(tokenizer_json).is_file():
+        raise FileNotFoundError(f"tokenizer_json {tokenizer_json} is not a file; pass the path "
+                                f"of a tokenizer.json, or None for the byte-level one")
     layers = _quantized_layers(model)
     kinds = {(m.bits, m.group_size, m.symmetric) for m in layers.values()}
     if len(kinds) != 1:
@@ -188,4 +212,10 @@ def export_compressed(model: nn.Module, folder: str | Path, dtype: torch.dtype =
 
 def vllm_command(folder: str | Path) -> str:
     """The command that serves the exported folder with vLLM on a GPU machine (lesson 06)."""
+    if not isinstance(folder, (str, Path)):
+        raise TypeError(f"folder must be the exported checkpoint's folder (str or Path); got "
+                        f"{type(folder).__name__}")
+    if Path(folder).is_file():
+        raise NotADirectoryError(f"{folder} is a file; vLLM serves the exported *folder* "
+                                 f"(config.json + model.safetensors)")
     return f"vllm serve {folder} --dtype bfloat16 --max-model-len 256"

@@ -235,6 +235,13 @@ def minmax_quantize(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Ten
     q = clamp(round((x - min) / scale), 0, 2**bits - 1); x^ = q * scale + min.
     Returns (codes uint8 (..., G), scale fp16 (..., 1), minimum fp16 (..., 1)).
     """
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
+        raise ValueError(f"bits must be a whole number 1..8 (codes are stored in uint8); got "
+                         f"{bits!r}")
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] == 0:
+        raise ValueError("x must be a tensor (..., G) with at least one value per row")
+    if not torch.isfinite(x).all():
+        raise ValueError("x holds NaN or inf: a cache of finite keys/values is expected")
     levels = 2 ** bits - 1
     x = x.float()
     lo = x.amin(-1, keepdim=True).to(torch.float16)                       # (..., 1)
@@ -611,6 +618,11 @@ def by_position(scores: list[dict], bins) -> dict:
     ``bins``: edges such as (0, 128, 512, 1024, 4096). Returns {format: [ {"from", "to",
     "ppl", "kl", "top1"} per bin ]}.
     """
+    if not scores:
+        raise ValueError("scores is empty: pass the per-window scores of window_scores()")
+    if len(bins) < 2 or any(b <= a for a, b in zip(bins[:-1], bins[1:])) or bins[0] < 0:
+        raise ValueError(f"bins must be at least two increasing edges from 0 such as "
+                         f"(0, 128, 512); got {bins!r}")
     out = {}
     for f in scores[0]:
         nll = torch.stack([s[f]["nll"] for s in scores])                  # (n, T)

@@ -51,6 +51,20 @@ class ModelConfig:
     head_dim: int | None = None        # hd; None means hidden_size // num_attention_heads
 
     def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "intermediate_size", "max_position_embeddings"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a whole number >= 1; got {v!r}")
+        if self.head_dim is not None and (isinstance(self.head_dim, bool)
+                                          or not isinstance(self.head_dim, int) or self.head_dim < 1):
+            raise ValueError(f"head_dim must be a whole number >= 1, or None to derive it as "
+                             f"hidden_size // num_attention_heads; got {self.head_dim!r}")
+        for name in ("rope_theta", "rms_norm_eps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or v <= 0:
+                raise ValueError(f"{name} must be a finite number > 0; got {v!r}")
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
                 raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of "
@@ -64,6 +78,9 @@ class ModelConfig:
     def from_dict(cls, d: dict) -> "ModelConfig":
         """Keep the keys this model uses; ignore the rest of a Hugging Face config.json."""
         names = {f.name for f in fields(cls)}
+        if not isinstance(d, dict):
+            raise TypeError(f"from_dict takes a config dict (json.load of config.json); got "
+                            f"{type(d).__name__}")
         d = dict(d)
         rp = d.pop("rope_parameters", None)      # newer transformers: theta + scaling together
         if rp:
@@ -358,6 +375,9 @@ class ByteTokenizer:
     vocab_size = 256
 
     def encode(self, text: str | bytes) -> list[int]:
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise TypeError(f"encode takes text (str) or bytes; got {type(text).__name__} "
+                            f"(bytes(5) would be five zero bytes, not the number 5)")
         return list(text.encode("utf-8") if isinstance(text, str) else bytes(text))
 
     def decode(self, ids) -> str:
@@ -373,6 +393,8 @@ class HFTokenizer:
         self.vocab_size = self.tok.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError(f"encode takes text (str); got {type(text).__name__}")
         return self.tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids) -> str:
@@ -432,6 +454,7 @@ def load_pretrained(folder: str | Path = BUNDLED_DIR, dtype: torch.dtype = torch
     Default: the course's bundled byte-level model. Weights are converted to ``dtype``
     (fp32 is the course's "unquantized" reference). The model is returned in eval mode.
     """
+    _check_float_dtype(dtype)
     cfg = read_config(folder)
     sd = load_state_dict(folder)
     model = LlamaModel(cfg)
@@ -492,10 +515,22 @@ def load_tokenizer(folder: str | Path = BUNDLED_DIR):
     raise FileNotFoundError(f"{path} is missing: download tokenizer.json with the checkpoint.")
 
 
+def _check_float_dtype(dtype) -> None:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch dtype such as torch.float32 or "
+                        f"torch.bfloat16; got {dtype!r}")
+
+
 def save_pretrained(model: LlamaModel, folder: str | Path, dtype: torch.dtype = torch.bfloat16):
     """Write ``config.json`` and ``model.safetensors`` (in ``dtype``) in the HF layout."""
     from safetensors.torch import save_file
+    if not isinstance(model, LlamaModel):
+        raise TypeError(f"save_pretrained saves a course LlamaModel; got {type(model).__name__}")
+    _check_float_dtype(dtype)
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"{folder} is a file; save_pretrained writes a checkpoint "
+                                 f"*folder* (config.json + model.safetensors): give a folder path")
     folder.mkdir(parents=True, exist_ok=True)
     d = model.config.to_hf_dict()
     d["torch_dtype"] = str(dtype).replace("torch.", "")

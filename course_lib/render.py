@@ -17,15 +17,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def render(path: Path, out_root: Path, timeout_s: int = 900) -> float:
-    """Execute one notebook and write it with outputs under ``out_root``; return seconds taken."""
+def render(path: Path, out_root: Path, timeout_s: int = 900, env: dict | None = None) -> float:
+    """Execute one notebook and write it with outputs under ``out_root``; return seconds taken.
+    ``env``: the kernel's environment (default: this process's)."""
     import nbformat
     from nbclient import NotebookClient
 
+    path = Path(path)
+    if path.suffix != ".ipynb" or not path.is_file():
+        raise FileNotFoundError(f"{path} is not a notebook file (.ipynb) that exists; pass one of "
+                                f"notebooks/*.ipynb or solutions/*.ipynb")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int) or timeout_s < 1:
+        raise ValueError(f"timeout_s is the seconds a cell may run, a whole number >= 1; got "
+                         f"{timeout_s!r}")
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
     NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+                   resources={"metadata": {"path": str(path.parent)}}).execute(
+                       **({"env": env} if env is not None else {}))
     seconds = time.perf_counter() - start
     target = out_root / path.relative_to(ROOT)
     target.parent.mkdir(parents=True, exist_ok=True)

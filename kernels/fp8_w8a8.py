@@ -105,6 +105,7 @@ def fp8_gemm_kernel(
     BLOCK_M: tl.constexpr,   # rows of a per program
     BLOCK_N: tl.constexpr,   # rows of b per program
     BLOCK_K: tl.constexpr,   # K per loop step
+    FAST_ACC: tl.constexpr = True,  # Hopper: let the tensor cores' ~14-bit sum run all of K
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -121,8 +122,19 @@ def fp8_gemm_kernel(
         b = tl.load(b_ptr + offs_n[:, None] * stride_bn + offs_k[None, :],
                     mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # (BLOCK_N, BLOCK_K) fp8
         # the accumulator form: on Hopper one wgmma adds into acc (acc += tl.dot(...) would
-        # start every product from zero and add it with separate instructions)
-        acc = tl.dot(a, tl.trans(b), acc)                    # FP8 x FP8 -> fp32
+        # start every product from zero and add it with separate instructions).
+        # Hopper's FP8 tensor cores keep only about 14 bits while they add (DeepSeek-V3
+        # report, section 3.3.2). Triton's default there (FAST_ACC) lets a whole K-long sum
+        # accumulate that way; max_num_imprecise_acc promotes it to true fp32 adds instead.
+        # Measured on an H200 (results/sweep_gemv_nvidia_h200.json, logs in results/logs):
+        # fast, a K = 4096 sum was off by about 2 * 2**-13 of sum|products| (the tests allow
+        # 2**-13 per 32-long wgmma step); promoted, by ~2**-24; but at M = 4096 on an 8192 x
+        # 8192 layer the promoted kernel ran at 0.49x BF16, the fast one at 1.45x. Elsewhere
+        # (Ada, Blackwell's other paths, the interpreter) both give the same numbers.
+        if FAST_ACC:
+            acc = tl.dot(a, tl.trans(b), acc)                # FP8 x FP8 -> fp32
+        else:
+            acc = tl.dot(a, tl.trans(b), acc, max_num_imprecise_acc=BLOCK_K)
     a_s = tl.load(as_ptr + offs_m, mask=m_mask, other=0.0)  # (BLOCK_M,)
     b_s = tl.load(bs_ptr + offs_n, mask=n_mask, other=0.0)  # (BLOCK_N,)
     acc = acc * a_s[:, None] * b_s[None, :]
@@ -200,10 +212,13 @@ def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-             out_dtype: torch.dtype = torch.bfloat16, config=None) -> torch.Tensor:
+             out_dtype: torch.dtype = torch.bfloat16, config=None,
+             fast_accum: bool = True) -> torch.Tensor:
     """y = (xq * xs[:, None]) @ (w_q * w_scale[:, None]).T with FP8 tensor-core maths.
 
     ``config`` forces one configuration of ``_GEMM_CONFIGS`` (the tests run each).
+    ``fast_accum=False`` promotes Hopper's reduced-precision tensor-core sums to fp32 once
+    per BLOCK_K: exact to fp32 rounding, and slower (see the kernel's comment).
     """
     require_fp8()
     ws = _check_weights(w_q, w_scale)
@@ -222,11 +237,13 @@ def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, w_q: torch.Tensor, w_scale: tor
     interp = {"BLOCK_M": pow2_at_least(M, 16, 32), "BLOCK_N": 32, "BLOCK_K": 32}
     kernel, meta = choose(_gemm, fp8_gemm_kernel, _GEMM_DEFAULT, interp, config)
     grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]), triton.cdiv(N, m["BLOCK_N"]))  # noqa: E731
-    kernel[grid](xq, xs, w_q, ws, y, M, N, K, xq.stride(0), w_q.stride(0), y.stride(0), **meta)
+    kernel[grid](xq, xs, w_q, ws, y, M, N, K, xq.stride(0), w_q.stride(0), y.stride(0),
+                 FAST_ACC=bool(fast_accum), **meta)
     return y
 
 
-def fp8_w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+def fp8_w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, *,
+                    fast_accum: bool = True) -> torch.Tensor:
     """The whole FP8 W8A8 layer: quantize x per token on the fly, then the FP8 GEMM (lesson 09).
 
     x: (..., K) fp16/bf16/fp32; w_q: (N, K) float8_e4m3fn; w_scale: (N,). Returns (..., N)
@@ -236,7 +253,7 @@ def fp8_w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -
     _check_weights(w_q, w_scale)
     check_activations(x, w_q.shape[1])
     xq, xs = quantize_rows_fp8(x)                                       # (M, K), (M,)
-    y = fp8_gemm(xq, xs, w_q, w_scale, out_dtype=x.dtype)               # (M, N)
+    y = fp8_gemm(xq, xs, w_q, w_scale, out_dtype=x.dtype, fast_accum=fast_accum)   # (M, N)
     return y.reshape(*x.shape[:-1], w_q.shape[0])
 
 

@@ -10,7 +10,9 @@
 # 1. ...
 # 2. ...
 #
-# *Time: about N minutes on a laptop CPU. GPU cells are optional and say what they skip.*
+# *Time: about N minutes to read (W words at 200 a minute), more with the exercises; the
+# notebook runs in under S seconds on a laptop CPU. GPU cells are optional and say what they
+# skip.* (W: the markdown's word count, which tests/test_reading_time.py checks; S: measured)
 
 # %% [markdown]
 # What this machine is (every notebook starts here): the GPU, or its absence, and which

@@ -141,3 +141,18 @@ def test_effective_weights_on_unscaled_inputs_reproduce_the_quantized_block(mode
     for name, W in eff.items():
         W0 = fp.get_submodule(name).weight
         assert (W - W0).norm() < 0.2 * W0.norm(), name
+
+
+def test_scales_and_group_rounding_refuse_bad_input():
+    mag = torch.tensor([0.1, 1.0, 10.0])
+    assert torch.allclose(awq.scales_for(mag, 0.5), torch.tensor([0.1, 1.0, 10.0]).sqrt())  # ends' product 1
+    for alpha in (-0.1, 1.5, float("nan"), True, "0.5"):
+        with pytest.raises(ValueError, match=r"alpha must be a number in \[0, 1\]"):
+            awq.scales_for(mag, alpha)
+    for bad in (torch.tensor([]), torch.ones(2, 2), torch.tensor([1.0, -1.0]),
+                torch.tensor([1.0, float("inf")])):
+        with pytest.raises(ValueError, match="magnitude must be a non-empty 1-D tensor"):
+            awq.scales_for(bad, 0.5)
+    for bits in (0, 1, 9, 4.0):          # bits 0 rounded every weight to -0 before
+        with pytest.raises(ValueError, match="bits must be a whole number from 2 to 8"):
+            cal.fake_quant(torch.randn(4, 32), bits, 32)

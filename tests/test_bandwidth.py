@@ -27,13 +27,43 @@ def test_default_size_reaches_past_the_cache():
     assert r.bytes_per_copy >= 128e6
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"size_mb": 0}, {"size_mb": -5}, {"size_mb": "big"}, {"size_mb": 1e9},
-    {"repeats": 0}, {"repeats": 2.5}, {"warmup": -1}, {"device": "tpu"},
+@pytest.mark.parametrize("kwargs,message", [
+    ({"size_mb": 0}, "size_mb must be a positive number"),
+    ({"size_mb": -5}, "size_mb must be a positive number"),
+    ({"size_mb": float("nan")}, "size_mb must be a positive number"),
+    ({"size_mb": "big"}, "size_mb must be a positive number"),
+    ({"size_mb": True}, "size_mb must be a positive number"),
+    ({"size_mb": float("inf")}, "over 100 GB"),
+    ({"size_mb": 1e9}, "over 100 GB"),
+    ({"repeats": 0}, "repeats must be a whole number, 1 or more"),
+    ({"repeats": 2.5}, "repeats must be a whole number, 1 or more"),
+    ({"repeats": True}, "repeats must be a whole number, 1 or more"),
+    ({"warmup": -1}, "warmup must be a whole number, 0 or more"),
+    ({"warmup": 0.5}, "warmup must be a whole number, 0 or more"),
+    ({"device": "tpu"}, "device must be 'auto', 'cpu' or 'cuda'"),
+    ({"device": 0}, "device must be 'auto', 'cpu' or 'cuda'"),
 ])
-def test_bad_arguments_are_refused(kwargs):
-    with pytest.raises(ValueError):
-        measure_copy_bandwidth(**{"device": "cpu", **kwargs})
+@pytest.mark.parametrize("measure", ["copy", "read"])
+def test_bad_arguments_are_refused(kwargs, message, measure):
+    from course_lib.bandwidth import measure_read_bandwidth
+
+    fn = measure_copy_bandwidth if measure == "copy" else measure_read_bandwidth
+    with pytest.raises(ValueError, match=message):
+        fn(**{"device": "cpu", **kwargs})
+
+
+def test_a_result_refuses_figures_that_cannot_be_bandwidths():
+    ok = BandwidthResult("cpu", "x", 4, 8, [1.0, 3.0, 2.0])
+    assert ok.median_gbps == 2.0 and ok.median_tbps == 0.002      # the middle of three
+    with pytest.raises(ValueError, match="samples_gbps is empty"):
+        BandwidthResult("cpu", "x", 4, 8, [])
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="positive finite GB/s"):
+            BandwidthResult("cpu", "x", 4, 8, [1.0, bad])
+    with pytest.raises(ValueError, match="bytes_per_copy must be a whole number"):
+        BandwidthResult("cpu", "x", 0, 8, [1.0])
+    with pytest.raises(ValueError, match="bytes_moved must be a whole number"):
+        BandwidthResult("cpu", "x", 4, 8.5, [1.0])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")

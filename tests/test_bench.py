@@ -126,9 +126,27 @@ def test_run_cpu_backends_writes_json(tmp_path):
     assert result["copy_bandwidth_gbps"] is None or result["copy_bandwidth_gbps"] > 0
     assert [r["M"] for r in result["layers"]] == [1, 9, 16]
     row = result["layers"][0]
-    assert row["results"]["fp32"]["ratio_vs_baseline"] == 1.0
-    assert row["results"]["bf16"]["ratio_vs_bf16"] == 1.0
-    assert row["results"]["int8 (_weight_int8pack_mm)"]["bytes"] < row["results"]["fp32"]["bytes"]
+    # bytes by hand for M=1, N=48, K=128: weights + 16-bit scales (one per row per group) + x + y
+    assert {n: v["bytes"] for n, v in row["results"].items()} == {
+        "fp32": 48 * 128 * 4 + 128 * 4 + 48 * 4,
+        "bf16": 48 * 128 * 2 + 128 * 2 + 48 * 2,
+        "int8 (_weight_int8pack_mm)": 48 * 128 + 48 * 2 + 128 * 2 + 48 * 2,
+        "int4 g128 (_weight_int4pack_mm_for_cpu)": 48 * 128 // 2 + 48 * 2 + 128 * 2 + 48 * 2}
+    # every ratio and rate is derived from the row's own timings, against the named baseline
+    for r in result["layers"]:
+        ms = {n: v["ms"] for n, v in r["results"].items()}
+        assert r["baseline"] == "fp32"
+        for n, v in r["results"].items():
+            assert v["ratio_vs_baseline"] == pytest.approx(ms["fp32"] / ms[n], rel=1e-12)
+            assert v["ratio_vs_bf16"] == pytest.approx(ms["bf16"] / ms[n], rel=1e-12)
+            assert v["gbps"] == pytest.approx(v["bytes"] / (ms[n] * 1e-3) / 1e9, rel=1e-12)
+            assert v["tflops"] == pytest.approx(2 * r["M"] * 48 * 128 / (ms[n] * 1e-3) / 1e12,
+                                                rel=1e-12)
+    dec = result["decode"]["results"]
+    for n, v in dec.items():
+        assert v["tokens_per_s"] == pytest.approx(1e3 / v["ms_per_step"], rel=1e-12)
+        assert v["ratio_vs_baseline"] == pytest.approx(v["tokens_per_s"] / dec["fp32"]["tokens_per_s"],
+                                                       rel=1e-12)
     assert set(result["decode"]["results"]) == {b.name for b in kbench.cpu_backends()}
     gpu_targets = [t for t in result["targets"] if not t["id"].startswith("cpu_")]
     assert len(gpu_targets) == 9 and all(t["met"] is None for t in gpu_targets)  # not measured
@@ -361,3 +379,127 @@ def test_gpu_check_script_reports_every_failure_and_still_benchmarks():
     assert not re.search(r"-m pytest[^\n]*\s-x\b", text)
     assert text.index("tests_rc=$?") < text.index("-m kernels.bench")
     assert "test_kernels_configs.py" in text and "python3" in text and "has nbval" in text
+
+
+# ---- bad input: every public function says what it wanted ---------------------------------
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("call,error,message", [
+    (lambda: bench.linear_flops(0, 8, 8), ValueError, "M must be a whole number >= 1"),
+    (lambda: bench.linear_flops(1, 2.5, 8), ValueError, "N must be a whole number >= 1"),
+    (lambda: bench.linear_flops(1, 8, True), ValueError, "K must be a whole number >= 1"),
+    (lambda: bench.linear_flops(1, 8, NAN), ValueError, "K must be a whole number >= 1"),
+    (lambda: bench.linear_bytes(1, 8, 8, weight_bits=0), ValueError, "weight_bits must be a finite number > 0"),
+    (lambda: bench.linear_bytes(1, 8, 8, weight_bits=NAN), ValueError, "weight_bits must be a finite number > 0"),
+    (lambda: bench.linear_bytes(1, 8, 8, act_bytes=-2), ValueError, "act_bytes must be a finite number >= 0"),
+    (lambda: bench.linear_bytes(1, 8, 8, out_bytes=INF), ValueError, "out_bytes must be a finite number >= 0"),
+    (lambda: bench.linear_bytes(1, 8, 8, group_size=4, scale_bytes=-1), ValueError, "scale_bytes must be"),
+    (lambda: bench.linear_bytes(1, "8", 8), ValueError, "N must be a positive whole number"),
+    (lambda: bench.arithmetic_intensity(1, 8, -8), ValueError, "K must be a whole number >= 1"),
+    (lambda: bench.achieved_gbps(1e6, 0), ValueError, "ms must be a finite number > 0"),
+    (lambda: bench.achieved_gbps(-1, 1.0), ValueError, "n_bytes must be a finite number >= 0"),
+    (lambda: bench.achieved_tflops(1e9, NAN), ValueError, "ms must be a finite number > 0"),
+    (lambda: bench.achieved_tflops(-1e9, 1.0), ValueError, "flops must be a finite number >= 0"),
+    (lambda: bench.ridge_point(0, 3350), ValueError, "peak_tflops must be a finite number > 0"),
+    (lambda: bench.ridge_point(989, -1), ValueError, "bandwidth_gbps must be a finite number > 0"),
+    (lambda: bench.roofline_tflops(0, 989, 3350), ValueError, "intensity must be a finite number > 0"),
+    (lambda: bench.roofline_tflops(1.0, INF, 3350), ValueError, "peak_tflops must be"),
+    (lambda: bench.roofline_tflops(1.0, 989, NAN), ValueError, "bandwidth_gbps must be"),
+    (lambda: bench.floor_speedup(1, 8, 8, 0), ValueError, "weight_bits must be a finite number > 0"),
+    (lambda: bench.floor_speedup(1, 8, 8, 4, base_tflops=-1), ValueError, "peak_tflops must be a positive"),
+    (lambda: bench.median_ms([]), ValueError, "no timings"),
+    (lambda: bench.median_ms([1.0, NAN]), ValueError, r"each timing \(ms\) must be a finite number >= 0"),
+    (lambda: bench.median_ms([-1.0]), ValueError, r"each timing \(ms\) must be"),
+    (lambda: bench.time_cpu(42), TypeError, "fn must be a function"),
+    (lambda: bench.time_cpu(lambda: None, warmup=True), ValueError, "warmup must be a whole number >= 0"),
+    (lambda: bench.time_cpu(lambda: None, repeats=2.0), ValueError, "repeats must be a whole number >= 1"),
+    (lambda: bench.compare_cpu({}), ValueError, "at least one function"),
+    (lambda: bench.compare_cpu([lambda: None]), ValueError, r"as \{name: function\}"),
+    (lambda: bench.compare_cpu({"a": None}), TypeError, r"fns\['a'\] must be a function"),
+    (lambda: bench.compare_cpu({"a": lambda: None}, budget_s=0), ValueError, "budget_s must be"),
+    (lambda: bench.compare_cpu({"a": lambda: None}, warmup=-1), ValueError, "warmup must be"),
+    (lambda: bench.time_gpu(None), TypeError, "fn must be a function"),
+    (lambda: bench.time_gpu(lambda: None, rep_ms=0), ValueError, "rep_ms must be a finite number > 0"),
+    (lambda: bench.time_gpu_graph([]), ValueError, "at least one function"),
+    (lambda: bench.time_gpu_graph(["f"]), TypeError, "each of fns must be a function"),
+    (lambda: bench.time_gpu_graph([lambda: None], min_calls=0), ValueError, "min_calls must be a whole number >= 1"),
+    (lambda: bench.time_gpu_graph([lambda: None], replays=1.5), ValueError, "replays must be a whole number >= 1"),
+    (lambda: bench.speedup_vs_bf16("", lambda w: w, lambda x, w: x, ((64, 64),), (1,)), ValueError, "label must be"),
+    (lambda: bench.speedup_vs_bf16("x", "prep", lambda x, w: x, ((64, 64),), (1,)), TypeError, "prepare must be"),
+    (lambda: bench.speedup_vs_bf16("x", lambda w: w, lambda x, w: x, (), (1,)), ValueError, "at least one"),
+    (lambda: bench.speedup_vs_bf16("x", lambda w: w, lambda x, w: x, ((64,),), (1,)), ValueError, r"pair \(K in, N out\)"),
+    (lambda: bench.speedup_vs_bf16("x", lambda w: w, lambda x, w: x, ((64, 0),), (1,)), ValueError, "N must be a whole number"),
+    (lambda: bench.speedup_vs_bf16("x", lambda w: w, lambda x, w: x, ((64, 64),), (0,)), ValueError, "batch M must be"),
+    (lambda: bench.catalogue_gpu(None), TypeError, "device_name must be the name torch reports"),
+    (lambda: bench.catalogue_gpu("NVIDIA A100", memory_gb=0), ValueError, "memory_gb must be"),
+    (lambda: bench.plot_roofline([("x", 1.0, 1.0)], 0), ValueError, "bandwidth_gbps must be"),
+    (lambda: bench.plot_roofline([("x", 1.0, 1.0)], 100, peak_tflops=-5), ValueError, "peak_tflops must be"),
+    (lambda: bench.plot_roofline([("x", 1.0)], 100), ValueError, r"\(label, intensity, TFLOP/s\)"),
+    (lambda: bench.plot_roofline([("x", 0.0, 1.0)], 100), ValueError, "intensity of 'x' must be"),
+    (lambda: bench.plot_roofline([("x", 1.0, NAN)], 100), ValueError, "TFLOP/s of 'x' must be"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_bad_input_is_refused_with_what_to_pass(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_rates_from_hand_computed_values():
+    # 1 GB in 1 ms is 1000 GB/s; 2 TFLOP in 2 s (2000 ms) is 1 TFLOP/s
+    assert bench.achieved_gbps(1e9, 1.0) == pytest.approx(1000.0)
+    assert bench.achieved_tflops(2e12, 2000.0) == pytest.approx(1.0)
+    assert bench.median_ms([3.0, 1.0, 2.0]) == 2.0 and bench.median_ms([0.0]) == 0.0
+    assert bench.linear_flops(2.0, 3, 4) == 48.0                  # whole floats are accepted
+
+
+# ---- the GPU timers' fallbacks (run on a CPU with the GPU calls replaced) ------------------
+
+def test_cuda_graph_capture_falls_back_to_eager_and_says_so(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("checks the fallback taken when capture fails (no CUDA here)")
+    calls = []
+    step = lambda: calls.append(1)                                  # noqa: E731
+    fn, graphed = kbench._cuda_graph(step)
+    assert fn is step and graphed is False and len(calls) == 3   # warm-up ran, capture failed
+    assert "CUDA graph capture failed, timing eagerly" in capsys.readouterr().out
+
+
+def test_layer_timer_uses_the_graph_time_or_falls_back_to_eager(monkeypatch, capsys):
+    class Props:
+        L2_cache_size = 2 ** 20                                   # 1 MiB
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props())
+    monkeypatch.setattr(kbench.bench, "time_gpu", lambda fn: 2.5)
+    b = kbench.cpu_backends(probe=False)[0]                        # fp32: 8 x 16 x 4 = 512 bytes
+    states, xs = {b.name: b.prepare(torch.randn(8, 16))}, {b.name: torch.randn(1, 16)}
+    seen = []
+
+    def graph(fns):
+        seen.append(len(fns))
+        return 1.25
+    monkeypatch.setattr(kbench.bench, "time_gpu_graph", graph)
+    ms, extra = kbench._time_gpu_layer([b], states, xs)
+    # enough weight copies to overflow 3x the L2 cache (3 MiB / 512 B), capped at 64
+    assert seen == [64] and ms == {b.name: 1.25}
+    assert extra[b.name] == {"ms_eager": 2.5, "cuda_graph": True, "weight_copies": 64}
+
+    def broken(fns):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(kbench.bench, "time_gpu_graph", broken)
+    ms, extra = kbench._time_gpu_layer([b], states, xs)
+    assert ms == {b.name: 2.5}                                      # the eager time, recorded as such
+    assert extra[b.name] == {"ms_eager": 2.5, "cuda_graph": False, "weight_copies": 1}
+    assert "CUDA graph timing failed, eager time used: RuntimeError" in capsys.readouterr().out
+
+
+def test_gemv_sweep_refuses_without_a_gpu():
+    """kernels.sweep_gemv times launch plans on a GPU only, and says what to run instead."""
+    import subprocess
+    import sys
+
+    from kernels._common import on_gpu
+    if on_gpu():
+        pytest.skip("a GPU is present: the sweep would run for minutes")
+    r = subprocess.run([sys.executable, "-m", "kernels.sweep_gemv"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and "kernels.bench" in r.stderr

@@ -195,6 +195,18 @@ HAND_VALUES = [
     ("02.zero_point", (-0.4, 1.1, 4), (0.1, 4)),
     ("02.zero_point", (-0.25, 1.25, 2), (0.5, 0)),
     ("02.dequantize", (np.array([0, 15], dtype=np.uint8), 0.1, 4), np.array([-0.4, 1.1])),
+    # FP4 E2M1 (bias 1) and E1M2 with bias 0: subnormals m/4 * 2, normals (1 + m/4) * 2
+    ("01.float_values", (2, 1, 1), np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])),
+    ("01.float_values", (1, 2, 0), np.array([0, 0.5, 1, 1.5, 2, 2.5, 3, 3.5])),
+    # range 1..4.5 widened to 0..4.5, 2 bits: step 1.5, zero 0; 1 and 2 round to 1 step
+    ("03.asym_groupwise", (np.array([[1.0, 2.0, 3.0, 4.5]]), 4, 2), np.array([[1.5, 1.5, 3.0, 4.5]])),
+    # row RMS sqrt(107 / 8) = 3.66: only the 10 is above 2 x RMS
+    ("03.remove_outliers", (np.array([[1.0, -1, 1, -1, 1, -1, 1, 10]]), 2.0),
+     np.array([[1.0, -1, 1, -1, 1, -1, 1, 0]])),
+    # one group of 8: step 1, the four 0.1 round to 0 (relative error 0.0143); groups of 4 are
+    # exact (0.1 = 7 steps of 0.1 / 7)
+    ("03.largest_group_within", (np.array([[0.1] * 4 + [7.0] * 4]), 0.01), 4),
+    ("03.largest_group_within", (np.array([[0.1] * 4 + [7.0] * 4]), 0.02), 8),
 ]
 
 
@@ -252,6 +264,32 @@ def test_lesson04_references_agree_with_hand_computed_values():
     assert (w[0].item(), w[16].item(), w[1].item()) == (-0.5, 0.0, -1.0)
 
 
+def test_error_metrics_and_layer_sensitivity_against_hand_values():
+    import math
+
+    import torch
+
+    from course_lib import eval as ceval
+    from course_lib.model import LlamaModel, ModelConfig
+    m = EXERCISES["02.error_metrics"].reference(np.array([1.0, -2.0, 2.0]), np.array([1.0, -1.0, 2.0]))
+    assert m["mae"] == pytest.approx(1 / 3) and m["rmse"] == pytest.approx(math.sqrt(1 / 3))
+    assert m["sqnr_db"] == pytest.approx(10 * math.log10(9 / 1))          # signal 9, noise 1
+    # a layer whose weights already lie on the INT3 grid (row absmax 0.75 = 3 steps of 0.25)
+    # is untouched by quantizing it: KL exactly 0; a random layer is not
+    torch.manual_seed(0)
+    model = LlamaModel(ModelConfig(vocab_size=256, hidden_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=96)).eval()
+    q = model.model.layers[0].self_attn.q_proj.weight
+    on_grid = torch.randint(-3, 4, q.shape).float() * 0.25                # (64, 64)
+    on_grid[:, 0] = 0.75
+    with torch.no_grad():
+        q.copy_(on_grid)
+    ref = ceval.reference(model, torch.randint(0, 256, (65,)), window=32)
+    kl = EXERCISES["04.layer_sensitivity"].reference(model, ref, [".q_proj", ".down_proj"], 3)
+    assert kl[".q_proj"] == 0.0 and kl[".down_proj"] > 1e-6
+
+
 def test_yours_or_library_says_which(capsys):
     from course_lib.checks import CheckResult, yours_or_library
     mine, lib = (lambda: "mine"), (lambda: "lib")
@@ -262,7 +300,7 @@ def test_yours_or_library_says_which(capsys):
 
 
 @pytest.mark.parametrize("ex_id", sorted(k for k in EXERCISES
-                                         if k[:2] in ("00", "01", "02", "03", "04")))
+                                         if k[:2] in ("00", "01", "02", "03", "04", "12")))
 def test_first_hint_step_is_a_question_not_code(ex_id):
     steps = EXERCISES[ex_id].hints
     assert len(steps) >= 2, f"{ex_id}: give a first step to think about and a later code-level one"

@@ -29,3 +29,26 @@ def test_detect_and_summary(capsys):
 def test_gpu_only_path_on_cpu_says_what_to_do():
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         device.require_gpu("the FP8 GEMM")
+
+
+def test_bad_arguments_say_what_to_pass():
+    for cc in [(9,), "8.9", (8.9, 0), (8, -1), (True, 0)]:
+        with pytest.raises(ValueError, match=r"\(major, minor\) pair of whole numbers"):
+            device.native_formats_for(cc)
+    assert device.native_formats_for([8, 9]) == device.native_formats_for((8, 9))
+    with pytest.raises(TypeError, match="info must be a DeviceInfo"):
+        device.summary("cpu")
+
+
+def test_render_refuses_what_is_not_a_notebook(tmp_path):
+    from course_lib import render
+    with pytest.raises(FileNotFoundError, match=r"is not a notebook file \(\.ipynb\) that exists"):
+        render.render(tmp_path / "missing.ipynb", tmp_path)
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(FileNotFoundError, match="is not a notebook file"):
+        render.render(tmp_path / "notes.txt", tmp_path)
+    nb = tmp_path / "n.ipynb"
+    nb.write_text("{}")
+    for t in (0, 2.5, True):
+        with pytest.raises(ValueError, match="timeout_s is the seconds a cell may run"):
+            render.render(nb, tmp_path, timeout_s=t)

@@ -1,4 +1,6 @@
 """The solutions -> exercises generator."""
+import re
+
 import pytest
 
 from course_lib.exercises import make_exercise, strip_solutions
@@ -20,13 +22,13 @@ def test_markdown_block():
     assert "42" not in out and "*(your answer here)*" in out
 
 
-@pytest.mark.parametrize("bad", [
-    "### BEGIN SOLUTION\nx = 1",
-    "x = 1\n### END SOLUTION",
-    "### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION",
+@pytest.mark.parametrize("bad,message", [
+    ("### BEGIN SOLUTION\nx = 1", "'### BEGIN SOLUTION' without '### END SOLUTION'"),
+    ("x = 1\n### END SOLUTION", "'### END SOLUTION' without '### BEGIN SOLUTION'"),
+    ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION", "nested '### BEGIN SOLUTION'"),
 ])
-def test_unbalanced_markers_raise(bad):
-    with pytest.raises(ValueError):
+def test_unbalanced_markers_raise(bad, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         strip_solutions(bad)
 
 
@@ -40,3 +42,11 @@ def test_outputs_are_dropped():
     assert cell["outputs"] == [] and cell["execution_count"] is None
     assert "y = 2" not in "".join(cell["source"])
     assert nb["cells"][0]["outputs"], "the input notebook is not modified"
+
+
+def test_what_is_not_a_cell_or_a_notebook_is_refused():
+    with pytest.raises(TypeError, match=r"source is a cell's text \(str\); got list"):
+        strip_solutions(["x = 1\n"])
+    for nb in ([], {"cells": "x"}, {"metadata": {}}):
+        with pytest.raises(ValueError, match="nb must be a notebook: a dict with a 'cells' list"):
+            make_exercise(nb)

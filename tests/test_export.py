@@ -10,8 +10,8 @@ from course_lib.methods import gptq
 from course_lib.model import load_pretrained
 
 device.ensure_triton_mode()   # transformers may import triton: interpreter mode first on a CPU
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("compressed_tensors")
+import transformers  # noqa: E402  (test dependencies of the course: fail, never skip)
+import compressed_tensors  # noqa: E402,F401
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +97,35 @@ def test_export_refuses_what_the_format_cannot_hold(model, tmp_path):
         export.export_compressed(cal.rtn_model(model, 4, 32), tmp_path / "d")
     with pytest.raises(ValueError, match="0..15"):
         export.pack_int32(torch.tensor([[16, 0]]), 4)
+
+
+def test_export_helpers_refuse_bad_arguments(tmp_path):
+    codes = torch.zeros(2, 8, dtype=torch.int64)
+    for bad, message in [((codes, 3), "4- or 8-bit codes"), ((codes, True), "4- or 8-bit codes"),
+                         ((codes.float(), 4), "2-D integer tensor"),
+                         ((codes[0], 4), "2-D integer tensor"),
+                         ((codes.numpy(), 4), "2-D integer tensor"),
+                         ((codes[:, :0], 4), "non-empty")]:
+        with pytest.raises(ValueError, match=message):
+            export.pack_int32(*bad)
+    with pytest.raises(ValueError, match="dim is the axis to pack along, 0 or 1"):
+        export.pack_int32(codes, 4, dim=2)
+    for bits, gs, sym, error, message in [(5, 128, True, ValueError, r"bits must be one of \(4, 8\)"),
+                                          (4, 0, True, ValueError, "group_size must be a whole number"),
+                                          (4, 64.0, True, ValueError, "group_size must be a whole number"),
+                                          (4, 64, "yes", TypeError, "symmetric must be True or False")]:
+        with pytest.raises(error, match=message):
+            export.quantization_config(bits, gs, sym)
+    afile = tmp_path / "model.safetensors"
+    afile.write_bytes(b"")
+    with pytest.raises(NotADirectoryError, match="vLLM serves the exported"):
+        export.vllm_command(afile)
+    with pytest.raises(TypeError, match="folder must be the exported checkpoint's folder"):
+        export.vllm_command(5)
+    assert export.vllm_command(tmp_path) == f"vllm serve {tmp_path} --dtype bfloat16 --max-model-len 256"
+    with pytest.raises(NotADirectoryError, match="writes a checkpoint"):
+        export.export_compressed(torch.nn.Linear(2, 2), afile)
+    with pytest.raises(TypeError, match="floating-point torch dtype"):
+        export.export_compressed(torch.nn.Linear(2, 2), tmp_path / "x", dtype=torch.int8)
+    with pytest.raises(FileNotFoundError, match="tokenizer_json .* is not a file"):
+        export.export_compressed(torch.nn.Linear(2, 2), tmp_path / "x", tokenizer_json=tmp_path / "no")

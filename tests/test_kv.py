@@ -239,3 +239,28 @@ def test_capacity_widget_reacts():
     box.controls["model"].value = "Llama 3.1 70B"
     box.controls["weights"].value = "bf16"
     assert "no room" in box.result.value
+
+
+def test_kv_helpers_refuse_bad_input():
+    from course_lib.widgets.kv_capacity import kv_capacity_widget
+    for bits in (0, 9, 2.0, True):
+        with pytest.raises(ValueError, match="bits must be a whole number 1..8"):
+            kv.minmax_quantize(torch.zeros(2, 4), bits)
+    with pytest.raises(ValueError, match="at least one value per row"):
+        kv.minmax_quantize(torch.zeros(2, 0), 4)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        kv.minmax_quantize(torch.tensor([[0.0, float("nan")]]), 4)
+    with pytest.raises(ValueError, match="scores is empty"):
+        kv.by_position([], [0, 10])
+    s = {"int8": {"nll": torch.zeros(8), "kl": torch.zeros(8), "agree": torch.ones(8)}}
+    for bins in ([0], [0, 0, 8], [4, 2], [-1, 8]):
+        with pytest.raises(ValueError, match="at least two increasing edges"):
+            kv.by_position([s], bins)
+    assert kv.by_position([s], [0, 4, 8])["int8"][1] == {"from": 4, "to": 8, "ppl": 1.0,
+                                                          "kl": 0.0, "top1": 1.0}
+    with pytest.raises(ValueError, match="latent KV cache"):
+        kv_capacity_widget(model="DeepSeek-V3")
+    with pytest.raises(ValueError, match="weight_fmt 'int3'"):
+        kv_capacity_widget(weight_fmt="int3")
+    with pytest.raises(ValueError, match="context -1 is not on the widget's slider"):
+        kv_capacity_widget(context=-1)

@@ -235,3 +235,45 @@ def test_a_file_where_a_folder_is_expected(tmp_path):
         M.load_pretrained(f)
     with pytest.raises(NotADirectoryError, match="is a file"):
         M.load_tokenizer(f)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"num_attention_heads": 0}, "num_attention_heads must be a whole number >= 1"),
+    ({"num_key_value_heads": 0}, "num_key_value_heads must be a whole number >= 1"),
+    ({"hidden_size": -32}, "hidden_size must be a whole number >= 1"),
+    ({"num_hidden_layers": 0}, "num_hidden_layers must be a whole number >= 1"),
+    ({"vocab_size": 64.0}, "vocab_size must be a whole number >= 1"),
+    ({"intermediate_size": True}, "intermediate_size must be a whole number >= 1"),
+    ({"max_position_embeddings": 0}, "max_position_embeddings must be a whole number >= 1"),
+    ({"head_dim": 0}, "head_dim must be a whole number >= 1, or None"),
+    ({"rope_theta": 0.0}, "rope_theta must be a finite number > 0"),
+    ({"rms_norm_eps": float("nan")}, "rms_norm_eps must be a finite number > 0"),
+    ({"hidden_size": 30}, "hidden_size 30 is not a multiple of num_attention_heads 4"),
+    ({"num_key_value_heads": 3}, "must be a multiple of num_key_value_heads 3"),
+])
+def test_config_refuses_sizes_that_make_no_model(kw, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_cfg(**kw)
+
+
+def test_loaders_savers_and_tokenizers_refuse_bad_input(tmp_path):
+    with pytest.raises(TypeError, match="from_dict takes a config dict"):
+        M.ModelConfig.from_dict([("hidden_size", 32)])
+    with pytest.raises(TypeError, match="floating-point torch dtype"):
+        M.load_pretrained(dtype=torch.int8)
+    model = M.LlamaModel(tiny_cfg())
+    afile = tmp_path / "model.safetensors"
+    afile.write_bytes(b"")
+    with pytest.raises(NotADirectoryError, match="is a file; save_pretrained writes a checkpoint"):
+        M.save_pretrained(model, afile)
+    with pytest.raises(TypeError, match="floating-point torch dtype"):
+        M.save_pretrained(model, tmp_path / "out", dtype=torch.int32)
+    with pytest.raises(TypeError, match="saves a course LlamaModel"):
+        M.save_pretrained(torch.nn.Linear(2, 2), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    tok = M.ByteTokenizer()
+    with pytest.raises(TypeError, match=r"bytes\(5\) would be five zero bytes"):
+        tok.encode(5)
+    assert tok.encode("é") == [0xC3, 0xA9] and tok.encode(b"\x00\xff") == [0, 255]
+    with pytest.raises(ValueError, match=r"bytes must be in range\(0, 256\)"):
+        tok.decode([256])

@@ -227,7 +227,7 @@ def smol():
 
 @pytest.fixture(scope="module")
 def hf_model():
-    transformers = pytest.importorskip("transformers")
+    import transformers    # a test dependency of the course: fail, never skip
     p = smollm.gguf_path()
     return transformers.AutoModelForCausalLM.from_pretrained(
         str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
@@ -264,7 +264,7 @@ def test_smollm2_matches_transformers_logits_and_greedy_generation(smol, hf_mode
 
 @requires_smollm
 def test_smollm2_tokenizer_matches_transformers_gguf_tokenizer():
-    transformers = pytest.importorskip("transformers")
+    import transformers    # a test dependency of the course: fail, never skip
     p = smollm.gguf_path()
     theirs = transformers.AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
     tok = smollm.tokenizer()
@@ -317,3 +317,93 @@ def test_gguf_helpers_refuse_bad_input(tmp_path):
         unpack_q4_1(np.zeros((2, 18), np.uint8), 32)
     with pytest.raises(ValueError, match="n_tokens must be"):
         smollm.calibration_ids(0)
+
+
+# ----------------------------------------------------------------------------- bad input
+def _tiny_llama(layers=1):
+    cfg = ModelConfig(vocab_size=64, hidden_size=64, num_hidden_layers=max(1, layers),
+                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
+    model = LlamaModel(cfg).eval()                                   # context 256
+    if layers == 0:                                                  # a config refuses 0 layers
+        model.model.layers = torch.nn.ModuleList()
+    return model
+
+
+def _tiny_reference():
+    from course_lib.eval import Reference
+    return Reference(torch.full((1, 64), -math.log(64)), torch.zeros(1, dtype=torch.long),
+                     torch.zeros(2, dtype=torch.long), 1)
+
+
+def test_smollm_refuses_bad_arguments_before_any_work(tmp_path, monkeypatch):
+    """Each public function refuses what it cannot use, before converting or loading anything."""
+    afile = tmp_path / "weights.safetensors"
+    afile.write_bytes(b"")
+    monkeypatch.setenv("COURSE_MODELS_DIR", str(afile))
+    with pytest.raises(NotADirectoryError, match="is a file, but models are kept in a folder"):
+        smollm.models_dir()
+    monkeypatch.setenv("COURSE_MODELS_DIR", str(tmp_path / "models"))   # empty: nothing converted
+    with pytest.raises(NotADirectoryError, match="is a file; pass the folder that holds"):
+        smollm.load_blocks(afile)
+    with pytest.raises(TypeError, match="folder must be a path"):
+        smollm.load_blocks(3)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="weights.safetensors is missing: convert"):
+        smollm.load_blocks(tmp_path / "empty")                       # a folder without weights
+    for dtype in (torch.int8, "float32"):
+        with pytest.raises(TypeError, match="floating-point torch dtype"):
+            smollm.load(dtype)
+    with pytest.raises(TypeError, match="force must be True or False"):
+        smollm.convert(force="yes")
+    with pytest.raises(TypeError, match="verbose must be True or False"):
+        smollm.convert(verbose=1)
+    for n in (0, -5, 2.5, True):
+        with pytest.raises(ValueError, match="n_tokens must be a whole number"):
+            smollm.calibration_ids(n)
+    for kwargs, message in [({"n_windows": 0}, "n_windows must be a whole number 1..64"),
+                            ({"n_windows": 65}, "n_windows must be a whole number 1..64"),
+                            ({"n_windows": 2.0}, "n_windows must be a whole number 1..64"),
+                            ({"path": tmp_path}, "is a folder; give a file name")]:
+        with pytest.raises((ValueError, IsADirectoryError), match=message):
+            smollm.write_rtn_table(**kwargs)
+    for kwargs, message in [({"repeats": 0}, "repeats must be a whole number >= 1"),
+                            ({"repeats": 1.5}, "repeats must be a whole number >= 1"),
+                            ({"tokens": 0}, r"tokens must be a whole number 1\.\.8192"),
+                            ({"tokens": 9000}, r"tokens must be a whole number 1\.\.8192"),
+                            ({"path": tmp_path}, "is a folder; give a file name"),
+                            ({"path": 42}, "path must be a file path")]:
+        with pytest.raises((ValueError, TypeError, IsADirectoryError), match=message):
+            smollm.benchmark(**kwargs)
+    assert not (tmp_path / "models").exists()                        # nothing was converted
+
+
+def test_smollm_model_functions_refuse_what_is_not_a_course_model():
+    tiny, ref = _tiny_llama(), _tiny_reference()
+    for fn, args in [(smollm.reference, ()), (smollm.requantize_q4_1, ()),
+                     (smollm.rtn_rows, (ref,))]:
+        with pytest.raises(TypeError, match="needs a course LlamaModel"):
+            fn(torch.nn.Linear(4, 4), *args)
+    with pytest.raises(ValueError, match=r"window must be 2\.\.256 tokens \(the model's trained"):
+        smollm.reference(tiny, window=512)                  # the tiny model's context is 256
+    for bad in (1, True, 2.5):
+        with pytest.raises(ValueError, match="window must be 2..256"):
+            smollm.reference(tiny, window=bad)
+    with pytest.raises(ValueError, match="n_windows must be a whole number"):
+        smollm.reference(tiny, n_windows=True)
+    with pytest.raises(ValueError, match="no Linear layers inside model.layers"):
+        smollm.requantize_q4_1(_tiny_llama(layers=0))
+    with pytest.raises(TypeError, match="ref must be the reference scores"):
+        smollm.rtn_rows(tiny, "ref")
+    with pytest.raises(ValueError, match="variants is empty"):
+        smollm.rtn_rows(tiny, ref, variants=[])
+    with pytest.raises(ValueError, match=r"each variant must be \(label, fmt, granularity"):
+        smollm.rtn_rows(tiny, ref, variants=[("W4", "int4", "per_group", 32)])
+    with pytest.raises(TypeError, match="progress must be a function"):
+        smollm.rtn_rows(tiny, ref, variants=smollm.RTN_VARIANTS[:1], progress=5)
+
+
+@requires_smollm
+def test_reference_refuses_more_windows_than_the_text_holds(smol):
+    n = len(smollm.eval_ids())
+    with pytest.raises(ValueError, match=f"need {64 * 8192} tokens but the evaluation text has {n}"):
+        smollm.reference(smol, n_windows=64, window=8192)

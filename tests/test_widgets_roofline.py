@@ -29,3 +29,10 @@ def test_widget_updates_when_controls_move():
     assert "no FP8 maths" in box.result.value
     box.controls["layer"].value = "8B k/v_proj"
     assert "4096 in x 1024 out" in box.result.value
+
+
+def test_widget_refuses_values_its_controls_do_not_hold():
+    with pytest.raises(ValueError, match="is not one of the widget's layers"):
+        roofline_widget(layer="9B q_proj")
+    with pytest.raises(ValueError, match="is not on the widget's slider"):
+        roofline_widget(batch=3)

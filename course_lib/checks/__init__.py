@@ -14,6 +14,9 @@ it shows the input, the expected and the actual value, and the hint. When the fu
 raises ``NotImplementedError`` (an unsolved exercise) it prints "not yet implemented" and
 does not raise, so unsolved notebooks still run top to bottom.
 
+A check that passes in learner mode is recorded for ``course_lib.progress()`` (which
+exercises this learner has passed; ``course_lib.learner_progress``).
+
 The environment variable ``COURSE_CHECKS`` makes checks strict for CI:
 ``learner`` (default) never raises; ``exercises`` raises on a wrong answer but not on an
 unsolved one; ``solutions`` raises unless the answer passes; ``grading`` (nbgrader's
@@ -31,7 +34,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from course_lib import learner_progress
 from course_lib.compare import cmp
+from course_lib.learner_progress import progress
 
 
 @dataclass
@@ -245,7 +250,18 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
     report = f"{exercise_id} ({ex.title}): all {len(cases)} cases passed" + (
         f" (including: {labels})" if labels else "")
     say(report)
+    if _mode() == "learner":
+        _record_pass(exercise_id, len(cases))
     return CheckResult(exercise_id, "passed", len(cases), len(cases), report)
+
+
+def _record_pass(exercise_id: str, cases: int) -> None:
+    """Note a pass in the learner's progress file (``course_lib.progress()``); a file that
+    cannot be written costs the learner nothing but a note."""
+    try:
+        learner_progress.record_pass(exercise_id, cases)
+    except (OSError, ValueError) as err:
+        print(f"(progress not saved: {err})")
 
 
 def yours_or_library(result: "CheckResult", yours: Callable, library: Callable,
@@ -259,5 +275,5 @@ def yours_or_library(result: "CheckResult", yours: Callable, library: Callable,
     return library
 
 
-__all__ = ["yours_or_library", "Case", "Exercise", "register", "check", "hint", "load_all", "EXERCISES", "CheckResult",
+__all__ = ["yours_or_library", "progress", "Case", "Exercise", "register", "check", "hint", "load_all", "EXERCISES", "CheckResult",
            "compare_answer"]

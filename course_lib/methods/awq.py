@@ -75,6 +75,13 @@ def keep_salient(W: torch.Tensor, keep: torch.Tensor, bits: int = 3, group_size:
 def scales_for(magnitude: torch.Tensor, alpha: float) -> torch.Tensor:
     """s = mean|x|^alpha, normalised so that max(s) * min(s) = 1 (as the paper's code does;
     the normalisation does not change which alpha wins, only keeps s near 1). (in,)"""
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be a number in [0, 1] (0: no scaling, 1: s = mean|x|); "
+                         f"got {alpha!r}")
+    if not isinstance(magnitude, torch.Tensor) or magnitude.dim() != 1 or magnitude.numel() == 0 \
+            or not torch.isfinite(magnitude).all() or bool((magnitude < 0).any()):
+        raise ValueError("magnitude must be a non-empty 1-D tensor of mean |x| per input "
+                         "channel (finite, >= 0): channel_magnitude(x)")
     s = magnitude.clamp(min=1e-4).pow(alpha)                                 # (in,)
     return s / (s.max() * s.min()).sqrt()
 

@@ -104,6 +104,7 @@ def group_params(w: torch.Tensor, bits: int, symmetric: bool = True):
     scale = (max - min) / (2**bits - 1), zero = round(-min / scale). An all-zero row gets
     scale 1. Returns (scale (...,), zero (...,) int32 or None), fp32 (fp64 stays fp64).
     """
+    check_bits(bits)
     w = w.to(torch.float64 if w.dtype == torch.float64 else torch.float32)
     if symmetric:
         scale = w.abs().amax(-1) / (2 ** (bits - 1) - 1)

@@ -82,6 +82,15 @@ def kv_capacity_widget(model: str = "Llama 3.1 8B", gpu: str = "H100 SXM",
     style = {"description_width": "110px"}
     layout = W.Layout(width="480px")
     dense = [n for n, m in hw.MODELS.items() if m.kv_latent_dim is None]
+    if hw.get_model(model).name not in dense:
+        raise ValueError(f"{model!r} stores a latent KV cache (MLA), which this widget does not "
+                         f"price; choose one of {dense}")
+    if weight_fmt not in WEIGHT_FORMATS:
+        raise ValueError(f"weight_fmt {weight_fmt!r} is not in the widget's list; choose one of "
+                         f"{WEIGHT_FORMATS}")
+    if context not in CONTEXTS:
+        raise ValueError(f"context {context!r} is not on the widget's slider; choose one of "
+                         f"{CONTEXTS}")
     controls = {
         "model": W.Dropdown(options=dense, value=hw.get_model(model).name, description="model",
                             style=style, layout=layout),

@@ -76,6 +76,11 @@ def roofline_widget(gpu: str = "H100 SXM", layer: str = "70B gate/up_proj", batc
     style = {"description_width": "110px"}
     layout = W.Layout(width="480px")
     gpus = [n for n, g in hw.GPUS.items() if g.compute_capability is not None]
+    layers = [x[0] for x in bench.LAYERS_8B + bench.LAYERS_70B]
+    if layer not in layers:
+        raise ValueError(f"layer {layer!r} is not one of the widget's layers: {layers}")
+    if batch not in BATCHES:
+        raise ValueError(f"batch {batch!r} is not on the widget's slider; choose one of {BATCHES}")
     controls = {
         "gpu": W.Dropdown(options=gpus, value=hw.get_gpu(gpu).name, description="GPU",
                           style=style, layout=layout),

@@ -1,0 +1,111 @@
+"""Grade the course's exercises with nbgrader (for instructors).
+
+    python -m course_lib.grading COURSE_DIR            # every lesson
+    python -m course_lib.grading COURSE_DIR 02 04      # some lessons
+    cd COURSE_DIR
+    nbgrader generate_assignment 02_absmax_and_zero_points --force   # -> release/
+    # learners' notebooks go to submitted/<student>/<lesson>/<lesson>.ipynb, then
+    nbgrader autograde 02_absmax_and_zero_points                     # -> autograded/, gradebook.db
+    nbgrader export                                                   # -> grades.csv
+
+The command makes an nbgrader course folder: one assignment per lesson, whose source is the
+lesson's solution notebook (``solutions/``, stamped with nbgrader's cell metadata by
+``course_lib.nbmeta``), and an ``nbgrader_config.py`` that
+
+- sets ``COURSE_CHECKS=grading`` for the kernels nbgrader starts, so that ``check(...)`` raises
+  unless the answer passes: an unsolved or wrong exercise scores 0, a passing one its points;
+- releases exercises exactly as ``exercises/`` holds them (the ``# HINT:`` lines stay), through
+  ``ClearSolutionsKeepHints``;
+- gives each cell up to 10 minutes (nbgrader's default, 30 s, is short for a 2-core laptop).
+
+nbgrader runs ``alembic`` from the environment's ``bin`` folder: activate the environment
+(``source .venv/bin/activate``) before calling ``nbgrader``.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from nbgrader.converters import GenerateAssignment
+from nbgrader.preprocessors import ClearSolutions
+
+from course_lib.exercises import ROOT, strip_solutions
+
+CONFIG = '''\
+# nbgrader configuration for "Quantization, Hands On" (written by python -m course_lib.grading).
+import os
+
+# check(...) raises unless the answer passes, so nbgrader's autograder sees a failed test cell
+# (0 points) for an unsolved or wrong exercise, and a clean one (full points) for a correct one.
+# (First, so that it holds even if the import below fails: nbgrader goes on after a config error.)
+os.environ["COURSE_CHECKS"] = "grading"
+
+from course_lib.grading import release_preprocessors  # noqa: E402
+
+c = get_config()  # noqa: F821 (nbgrader provides it)
+c.CourseDirectory.course_id = "quantization-hands-on"
+c.GenerateAssignment.preprocessors = release_preprocessors()
+c.Execute.timeout = {timeout}
+'''
+
+
+def lessons(root: Path = ROOT) -> list[str]:
+    """The assignment names: one per solution notebook (``02_absmax_and_zero_points``...)."""
+    return [p.stem for p in sorted((root / "solutions").glob("*.ipynb"))]
+
+
+def setup_course(course_dir: str | Path, only: list[str] | None = None, timeout: int = 600,
+                 root: Path = ROOT) -> list[str]:
+    """Write an nbgrader course folder (config + ``source/<lesson>/``); return its assignments.
+
+    ``only``: lesson numbers or names to include (``["02", "04_a_real_model"]``); all by default.
+    """
+    course = Path(course_dir)
+    names = lessons(root)
+    if only:
+        unknown = [o for o in only if not any(n == o or n.startswith(f"{o}_") for n in names)]
+        if unknown:
+            raise ValueError(f"no lesson {unknown}; lessons: {', '.join(names)}")
+        names = [n for n in names if any(n == o or n.startswith(f"{o}_") for o in only)]
+    course.mkdir(parents=True, exist_ok=True)
+    (course / "nbgrader_config.py").write_text(CONFIG.format(timeout=int(timeout)))
+    for name in names:
+        dest = course / "source" / name
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / "solutions" / f"{name}.ipynb", dest / f"{name}.ipynb")
+    return names
+
+
+def release_preprocessors() -> list:
+    """nbgrader's release steps with ``ClearSolutions`` replaced by ``ClearSolutionsKeepHints``."""
+    steps = GenerateAssignment.class_traits()["preprocessors"].default()
+    return [ClearSolutionsKeepHints if p is ClearSolutions else p for p in steps]
+
+
+class ClearSolutionsKeepHints(ClearSolutions):
+    """nbgrader's ClearSolutions, writing the stub ``course_lib.exercises`` writes (the
+    ``# HINT:`` lines of a solution block stay), so that a release equals ``exercises/``."""
+
+    def _replace_solution_region(self, cell, language):
+        if self.begin_solution_delimeter not in cell.source:
+            return False
+        cell.source = strip_solutions(cell.source, markdown=cell.cell_type == "markdown")
+        return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Make an nbgrader course folder from solutions/.")
+    parser.add_argument("course_dir", help="folder to create or update")
+    parser.add_argument("lessons", nargs="*", help="lesson numbers or names (default: all)")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per cell when grading")
+    args = parser.parse_args(argv)
+    names = setup_course(args.course_dir, args.lessons or None, args.timeout)
+    print(f"{args.course_dir}: {len(names)} assignment(s): {', '.join(names)}")
+    print(f"next: cd {args.course_dir} && nbgrader generate_assignment {names[0]} --force")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

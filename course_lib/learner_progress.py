@@ -1,0 +1,158 @@
+"""Which exercises this learner has passed: ``course_lib.progress()`` (every exercise notebook).
+
+Each ``check(...)`` that passes in the learner's own notebooks records the exercise in a small
+JSON file in the course folder, ``.progress.json`` (git-ignored, yours alone). Checks run by the
+tests, by CI or by nbgrader (``COURSE_CHECKS`` set to anything but ``learner``) record nothing.
+The environment variable ``COURSE_PROGRESS_FILE`` puts the file elsewhere.
+
+    import course_lib
+    course_lib.progress()             # a table per lesson: passed / not yet
+    course_lib.progress(reset=True)   # forget everything and start again
+"""
+from __future__ import annotations
+
+import html
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from course_lib.exercises import ROOT
+
+FILE_NAME = ".progress.json"
+ENV = "COURSE_PROGRESS_FILE"
+
+
+def progress_file(path: str | Path | None = None) -> Path:
+    """Where progress is kept: ``path``, else ``$COURSE_PROGRESS_FILE``, else the course folder."""
+    if path is not None:
+        return Path(path)
+    if os.environ.get(ENV):
+        return Path(os.environ[ENV])
+    return ROOT / FILE_NAME
+
+
+def load(path: str | Path | None = None) -> dict[str, dict]:
+    """The passed exercises: ``{exercise_id: {"at": iso time, "cases": n}}`` (empty if none)."""
+    file = progress_file(path)
+    if not file.exists():
+        return {}
+    try:
+        data = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file} is not valid JSON ({err}); delete it or call "
+                         f"course_lib.progress(reset=True)") from err
+    passed = data.get("passed", {}) if isinstance(data, dict) else None
+    if not isinstance(passed, dict):
+        raise ValueError(f"{file} does not hold a progress record; delete it or call "
+                         f"course_lib.progress(reset=True)")
+    return passed
+
+
+def _save(passed: dict[str, dict], file: Path) -> None:
+    file.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"version": 1, "passed": passed}, indent=1, sort_keys=True) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=file.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, file)   # atomic: a crash never leaves half a file
+
+
+def record_pass(exercise_id: str, cases: int, path: str | Path | None = None) -> None:
+    """Note that ``exercise_id`` passed all its ``cases`` (called by ``check``)."""
+    file = progress_file(path)
+    passed = load(file)
+    passed[exercise_id] = {"at": datetime.now().isoformat(timespec="seconds"), "cases": cases}
+    _save(passed, file)
+
+
+def forget_all(path: str | Path | None = None) -> None:
+    """Forget every passed exercise."""
+    file = progress_file(path)
+    if file.exists():
+        file.unlink()
+
+
+def lesson_names(root: Path = ROOT) -> dict[str, str]:
+    """``{"02": "02 absmax and zero points", ...}`` from the exercise notebooks' file names."""
+    names = {}
+    for nb in sorted((root / "solutions").glob("*.ipynb")):
+        number, _, rest = nb.stem.partition("_")
+        names[number] = f"{number} {rest.replace('_', ' ')}"
+    return names
+
+
+@dataclass
+class Row:
+    exercise_id: str
+    title: str
+    passed_at: str | None   # ISO time of the first pass recorded, None = not yet
+
+
+@dataclass
+class Progress:
+    """The table ``course_lib.progress()`` shows (text in a terminal, HTML in a notebook)."""
+    file: Path
+    lessons: dict[str, list[Row]]   # lesson name -> its exercises in order
+
+    @property
+    def passed(self) -> list[str]:
+        return [r.exercise_id for rows in self.lessons.values() for r in rows if r.passed_at]
+
+    @property
+    def total(self) -> int:
+        return sum(len(rows) for rows in self.lessons.values())
+
+    def _headline(self) -> str:
+        return f"{len(self.passed)} of {self.total} exercises passed"
+
+    def __repr__(self) -> str:
+        out = [f"Your progress: {self._headline()} (kept in {self.file})"]
+        width = max((len(r.exercise_id) for rows in self.lessons.values() for r in rows), default=0)
+        for lesson, rows in self.lessons.items():
+            done = sum(1 for r in rows if r.passed_at)
+            out.append(f"\n{lesson}  ({done}/{len(rows)})")
+            for r in rows:
+                mark = f"passed {r.passed_at.replace('T', ' ')[:16]}" if r.passed_at else "not yet"
+                out.append(f"  {'✓' if r.passed_at else '·'} {r.exercise_id:<{width}}  "
+                           f"{mark:<23} {r.title}")
+        return "\n".join(out)
+
+    def _repr_html_(self) -> str:
+        parts = [f"<p><b>Your progress:</b> {self._headline()} "
+                 f"<small>(kept in <code>{html.escape(str(self.file))}</code>)</small></p>"]
+        for lesson, rows in self.lessons.items():
+            done = sum(1 for r in rows if r.passed_at)
+            body = "".join(
+                f"<tr><td><code>{html.escape(r.exercise_id)}</code></td>"
+                f"<td>{html.escape(r.title)}</td>"
+                + (f"<td style='color:#1a7f37'>✓ passed {html.escape(r.passed_at[:10])}</td>"
+                   if r.passed_at else "<td style='color:#888'>not yet</td>") + "</tr>"
+                for r in rows)
+            parts.append(f"<details open><summary><b>{html.escape(lesson)}</b> ({done}/{len(rows)})"
+                         f"</summary><table><tr><th>exercise</th><th>what</th><th>status</th></tr>"
+                         f"{body}</table></details>")
+        return "\n".join(parts)
+
+
+def progress(reset: bool = False, path: str | Path | None = None) -> Progress:
+    """Which exercises you have passed, lesson by lesson (every exercise notebook).
+
+    ``reset=True`` forgets them all first. ``path``: a progress file other than the course's.
+    """
+    from course_lib.checks import load_all
+
+    if not isinstance(reset, bool):
+        raise TypeError(f"reset must be True or False, got {reset!r}")
+    if reset:
+        forget_all(path)
+    passed = load(path)
+    names = lesson_names()
+    lessons: dict[str, list[Row]] = {}
+    for ex_id, ex in load_all().items():   # lesson by lesson, in notebook order
+        number = ex_id.split(".", 1)[0]
+        at = passed.get(ex_id, {}).get("at")
+        lessons.setdefault(names.get(number, number), []).append(Row(ex_id, ex.title, at))
+    return Progress(progress_file(path), lessons)

@@ -1,0 +1,335 @@
+"""The workshop kit's figures, read from measurements, never typed: notebook run times from a
+test run, exercises and their difficulty from ``solutions/``, GPU figures from
+``results/bench_cuda_*.json``. They fill the generated tables of ``docs/instructors.md`` and
+the lessons table of ``README.md`` (``tests/test_workshop.py`` fails when a table is stale).
+
+    make notebook-times        # a timed test run of every notebook, then the two commands below
+    python -m course_lib.workshop times --log /tmp/times.jsonl [--note "..."]
+                               # the timer plugin's log -> results/notebook_times.json
+    python -m course_lib.workshop doc          # rewrite the generated tables
+    python -m course_lib.workshop doc --check  # exit 1 if a table is stale
+
+A generated table sits between ``<!-- BEGIN GENERATED: name -->`` and
+``<!-- END GENERATED: name -->``; edit the prose around it, not the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMES = ROOT / "results" / "notebook_times.json"
+DOCS = {"instructors": ROOT / "docs" / "instructors.md", "readme": ROOT / "README.md"}
+FOLDERS = ("notebooks", "solutions", "exercises")
+# Lessons that are being written: listed in the tables until their notebook lands.
+PLANNED = {"12_validate_and_choose": "12 · Validate and choose"}
+CHECK_CALL = re.compile(r'check\(\s*"(\d{2}\.[A-Za-z0-9_]+)"')
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+# Difficulty from the size of the reference solution (code lines, comments and blanks left out).
+DIFFICULTY = ((4, "★ warm-up"), (9, "★★ core"), (10**9, "★★★ stretch"))
+
+
+# ---- reading the notebooks -----------------------------------------------------------------
+
+def _cells(path: Path) -> list[dict]:
+    return json.loads(path.read_text())["cells"]
+
+
+def lesson_stems() -> list[str]:
+    """Every lesson's file stem (``00_the_bill``...), the planned ones included, in order."""
+    stems = {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")} | set(PLANNED)
+    return sorted(stems)
+
+
+def title(stem: str) -> str:
+    """A lesson's title: its notebook's first ``# `` heading, or the planned title."""
+    path = ROOT / "notebooks" / f"{stem}.ipynb"
+    if not path.exists():
+        return PLANNED[stem]
+    for cell in _cells(path):
+        if cell["cell_type"] == "markdown":
+            for line in "".join(cell["source"]).splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return stem
+
+
+def reading_minutes(stem: str) -> int | None:
+    """Markdown words / 200, rounded (the rule tests/test_reading_time.py holds lessons to)."""
+    path = ROOT / "notebooks" / f"{stem}.ipynb"
+    if not path.exists():
+        return None
+    words = sum(len(re.findall(r"\S+", "".join(c["source"]))) for c in _cells(path)
+                if c["cell_type"] == "markdown")
+    return max(1, round(words / 200))
+
+
+def exercises(stem: str) -> list[dict]:
+    """The checked exercises of a lesson's solution notebook, in order: id, title (from the
+    checker registry), solution code lines (the blocks before its ``check`` call), difficulty."""
+    from course_lib import checks
+
+    path = ROOT / "solutions" / f"{stem}.ipynb"
+    if not path.exists():
+        return []
+    registry = checks.load_all()
+    found: dict[str, int] = {}
+    lines = 0
+    for cell in _cells(path):
+        source = "".join(cell["source"])
+        inside = False
+        for line in source.split("\n"):
+            s = line.strip()
+            if s in (BEGIN, END):
+                inside = s == BEGIN
+            elif inside and s and not s.startswith("#") and cell["cell_type"] == "code":
+                lines += 1
+        if cell["cell_type"] == "code":
+            for m in CHECK_CALL.finditer(source):
+                found[m.group(1)] = found.get(m.group(1), 0) + lines
+                lines = 0
+    out = []
+    for ex_id, n in found.items():
+        label = next(d for limit, d in DIFFICULTY if n <= limit)
+        out.append({"id": ex_id, "title": registry[ex_id].title if ex_id in registry else "",
+                    "solution_lines": n, "difficulty": label})
+    return out
+
+
+# ---- the timing record ---------------------------------------------------------------------
+
+def machine() -> dict:
+    """This machine, as the timing record names it."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        model = platform.processor()
+    try:
+        import torch
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = ""
+    return {"cpu": model, "logical_cpus": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch_version, "platform": platform.platform()}
+
+
+def times_from_log(log: Path, note: str = "") -> dict:
+    """The timer plugin's JSON lines (course_lib.notebook_timer) -> the timing record. The last
+    line of a notebook wins; a notebook with a failed cell is refused (time a passing run)."""
+    rows = [json.loads(l) for l in Path(log).read_text().splitlines() if l.strip()]
+    if not rows:
+        raise ValueError(f"{log} holds no notebook timings: run pytest with "
+                         "-p course_lib.notebook_timer and NOTEBOOK_TIMES_LOG set")
+    notebooks = {}
+    for r in rows:
+        if r["failed"]:
+            raise ValueError(f"{r['notebook']} had {r['failed']} failing cells in that run: "
+                             "time a run that passes")
+        notebooks[r["notebook"]] = {k: r[k] for k in ("wall_s", "kernel_cpu_s", "cells")}
+    loads = [r["load_average"][0] for r in rows]
+    return {"schema": 1,
+            "how": "pytest with nbval over the notebooks, one kernel per notebook "
+                   "(course_lib.notebook_timer): wall_s from the first cell's setup (kernel "
+                   "start) to the kernel's shutdown; kernel_cpu_s the kernel process's user + "
+                   "system CPU seconds",
+            "measured": time.strftime("%Y-%m-%d", time.localtime(Path(log).stat().st_mtime)),
+            "omp_num_threads": rows[0].get("omp_num_threads", ""),
+            "load_average_1min": {"min": min(loads), "max": max(loads)},
+            "note": note, "machine": machine(), "notebooks": dict(sorted(notebooks.items()))}
+
+
+def load_times() -> dict | None:
+    return json.loads(TIMES.read_text()) if TIMES.exists() else None
+
+
+# ---- tables ---------------------------------------------------------------------------------
+
+def _t(times: dict | None, folder: str, stem: str, key: str = "kernel_cpu_s") -> float | None:
+    rec = (times or {}).get("notebooks", {}).get(f"{folder}/{stem}.ipynb")
+    return None if rec is None else rec[key]
+
+
+def _s(x: float | None) -> str:
+    return "not measured yet" if x is None else f"{x:.0f} s"
+
+
+def busy_note(times: dict) -> str:
+    """A warning when the timed run shared its machine (load above the number of CPUs)."""
+    load, cpus = times["load_average_1min"]["max"], times["machine"]["logical_cpus"] or 1
+    if load <= cpus:
+        return ""
+    return (f" (these were measured on a busy machine, load average up to {load:.0f} on "
+            f"{cpus} CPUs: upper bounds)")
+
+
+def lessons_table(times: dict | None) -> str:
+    """README: each lesson with its reading time, its CPU run time and its exercises."""
+    rows = ["| lesson | notebook | reading | CPU time to run | exercises |",
+            "| --- | --- | --- | --- | --- |"]
+    for stem in lesson_stems():
+        minutes = reading_minutes(stem)
+        exists = (ROOT / "notebooks" / f"{stem}.ipynb").exists()
+        rows.append(f"| {title(stem)} | `{stem}.ipynb`{'' if exists else ' (being written)'} | "
+                    f"{f'~{minutes} min' if minutes else '-'} | "
+                    f"{_s(_t(times, 'notebooks', stem))} | {len(exercises(stem)) or '-'} |")
+    if times:
+        m = times["machine"]
+        threads = ("one torch thread" if times["omp_num_threads"] == "1"
+                   else f"OMP_NUM_THREADS={times['omp_num_threads'] or 'unset'}")
+        rows += ["", f"Reading: markdown words at 200 a minute. CPU time: the notebook's kernel, "
+                     f"measured in a test run ({times['measured']}, {m['cpu']}, {threads}); on an "
+                     f"idle machine a notebook's wall time is close to this, plus a few seconds "
+                     f"to start the kernel and drive it{busy_note(times)}. Solutions and exercise notebooks, and how busy the "
+                     f"machine was: [docs/instructors.md](docs/instructors.md#how-long-each-notebook-runs-measured)."]
+    return "\n".join(rows)
+
+
+def times_table(times: dict | None) -> str:
+    """Instructors: every notebook's measured time (kernel CPU seconds, and wall in that run)."""
+    if times is None:
+        return "_No timing record yet: run `make notebook-times`._"
+    rows = ["| lesson | lesson notebook | solutions | exercises | lesson: wall in that run |",
+            "| --- | --- | --- | --- | --- |"]
+    measured = {f: [] for f in FOLDERS}
+    stems = lesson_stems()
+    for stem in stems:
+        cells = []
+        for f in FOLDERS:
+            x = _t(times, f, stem)
+            if x is not None:
+                measured[f].append(x)
+            cells.append(_s(x))
+        rows.append(f"| {title(stem)} | " + " | ".join(cells)
+                    + f" | {_s(_t(times, 'notebooks', stem, 'wall_s'))} |")
+
+    def total(xs):
+        if not xs:
+            return "-"
+        return f"**{sum(xs):.0f} s**" + ("" if len(xs) == len(stems) else f" ({len(xs)} of {len(stems)})")
+
+    rows.append("| **all** | " + " | ".join(total(measured[f]) for f in FOLDERS) + " | |")
+    m = times["machine"]
+    load = times["load_average_1min"]
+    rows += ["", f"Measured {times['measured']} on {m['cpu']} ({m['logical_cpus']} logical CPUs), "
+                 f"Python {m['python']}, torch {m['torch']}, OMP_NUM_THREADS="
+                 f"{times['omp_num_threads'] or 'unset'}; 1-minute load average "
+                 f"{load['min']:.1f}-{load['max']:.1f} during the run."
+                 + (f" {times['note']}" if times.get("note") else "")]
+    return "\n".join(rows)
+
+
+def exercises_table() -> str:
+    """Instructors: each lesson's checked exercises with their difficulty."""
+    rows = ["| lesson | exercise (`check` id) | what the learner writes | solution lines | difficulty |",
+            "| --- | --- | --- | --- | --- |"]
+    for stem in lesson_stems():
+        for i, ex in enumerate(exercises(stem)):
+            rows.append(f"| {title(stem) if i == 0 else ''} | `{ex['id']}` | {ex['title']} | "
+                        f"{ex['solution_lines']} | {ex['difficulty']} |")
+        if not exercises(stem):
+            rows.append(f"| {title(stem)} | - | (no solution notebook yet) | - | - |")
+    return "\n".join(rows)
+
+
+GPU_SCHEMES = ("w8a16", "w4a16 g128", "fp8 w8a8", "int8 w8a8")
+
+
+def gpu_table() -> str:
+    """Instructors: the course's kernels against BF16 on each GPU measured (results/bench_cuda_*)."""
+    parts = []
+    for path in sorted((ROOT / "results").glob("bench_cuda_*.json")):
+        d = json.loads(path.read_text())
+        v = d["versions"]
+        parts += [f"**{d['device']['name']}** (`{path.relative_to(ROOT)}`, "
+                  f"{d['created_utc'][:10]}, torch {v['torch']}, Triton {v['triton']}"
+                  f"{', quick run' if d.get('quick') else ''}; read bandwidth measured "
+                  f"{d['read_bandwidth_gbps']:,.0f} GB/s). Speed-up over BF16 "
+                  "(above 1 is faster), BF16 time in µs:", "",
+                  "| layer (K x N) | batch M | BF16 µs | " + " | ".join(GPU_SCHEMES) + " |",
+                  "| --- | --- | --- | " + " | ".join("---" for _ in GPU_SCHEMES) + " |"]
+        for layer in d["layers"]:
+            r = layer["results"]
+            parts.append(f"| {layer['layer']} ({layer['K']} x {layer['N']}) | {layer['M']} | "
+                         f"{r['bf16']['ms'] * 1e3:,.1f} | "
+                         + " | ".join(f"{r[s]['ratio_vs_baseline']:.2f}" if s in r else "-"
+                                      for s in GPU_SCHEMES) + " |")
+        dec = d.get("decode", {}).get("results", {})
+        if dec:
+            parts.append("| decode step, 8 Llama-8B layers | 1 | "
+                         f"{dec['bf16']['ms_per_step'] * 1e3:,.0f} | "
+                         + " | ".join(f"{dec[s]['ratio_vs_baseline']:.2f}" if s in dec else "-"
+                                      for s in GPU_SCHEMES) + " |")
+        parts.append("")
+    return "\n".join(parts).strip() or "_No GPU benchmark in results/ yet._"
+
+
+# ---- the documents ---------------------------------------------------------------------------
+
+def sections(times: dict | None) -> dict[str, dict[str, str]]:
+    """Each document's generated tables, by name."""
+    return {"instructors": {"times": times_table(times), "exercises": exercises_table(),
+                            "gpu": gpu_table()},
+            "readme": {"lessons": lessons_table(times)}}
+
+
+def fill(text: str, tables: dict[str, str], where: str = "") -> str:
+    """Replace each generated block of ``text`` with its table; refuse a missing marker."""
+    for name, table in tables.items():
+        pattern = re.compile(rf"(<!-- BEGIN GENERATED: {name} -->\n)(?:.*?\n)?(<!-- END GENERATED: {name} -->)",
+                             re.S)
+        if not pattern.search(text):
+            raise ValueError(f"{where}: no '<!-- BEGIN GENERATED: {name} -->' ... "
+                             f"'<!-- END GENERATED: {name} -->' block to fill")
+        text = pattern.sub(lambda m: m.group(1) + table + "\n" + m.group(2), text)
+    return text
+
+
+def stale_documents(times: dict | None = None) -> list[str]:
+    """The documents whose generated tables differ from what the records say now."""
+    times = load_times() if times is None else times
+    out = []
+    for doc, tables in sections(times).items():
+        text = DOCS[doc].read_text()
+        if fill(text, tables, str(DOCS[doc])) != text:
+            out.append(str(DOCS[doc].relative_to(ROOT)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("times", help="timer log -> results/notebook_times.json")
+    t.add_argument("--log", type=Path, required=True)
+    t.add_argument("--note", default="")
+    d = sub.add_parser("doc", help="rewrite the generated tables")
+    d.add_argument("--check", action="store_true", help="exit 1 if a table is stale")
+    args = parser.parse_args(argv)
+    if args.cmd == "times":
+        record = times_from_log(args.log, args.note)
+        TIMES.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+        print(f"{len(record['notebooks'])} notebooks -> {TIMES.relative_to(ROOT)}")
+        return 0
+    if args.check:
+        stale = stale_documents()
+        if stale:
+            print(f"stale: {stale}; run python -m course_lib.workshop doc")
+        return 1 if stale else 0
+    times = load_times()
+    for doc, tables in sections(times).items():
+        DOCS[doc].write_text(fill(DOCS[doc].read_text(), tables, str(DOCS[doc])))
+        print(f"wrote {DOCS[doc].relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""Lesson 12's library: the validation ladder (course_lib.validate) and choosing a scheme
+(course_lib.guide). Expected values are worked out by hand or read from the JSON directly."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from course_lib import device, guide, validate
+
+device.ensure_triton_mode()   # running a model may import triton: interpreter mode first on a CPU
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---- validate -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("a, b, expected", [
+    ([5, 6, 7], [5, 6, 9], 2), ([5, 6], [5, 6, 7], 2), ([1], [2], 0), ([4, 4], [4, 4], 2),
+    ([], [3], 0), ([0, 0, 1, 2], [0, 0, 1, 3], 3),
+])
+def test_first_divergence_by_hand(a, b, expected):
+    got = validate.first_divergence(torch.tensor(a, dtype=torch.long), torch.tensor(b, dtype=torch.long))
+    assert got == expected and isinstance(got, int)
+
+
+def test_first_divergence_refuses_bad_input():
+    with pytest.raises(ValueError, match="1-D"):
+        validate.first_divergence(torch.zeros(2, 2, dtype=torch.long), torch.zeros(2, 2, dtype=torch.long))
+    with pytest.raises(TypeError, match="integer token ids"):
+        validate.first_divergence(torch.tensor([1.0, 2.0]), torch.tensor([1, 2]))
+
+
+def test_divergence_points_on_the_bundled_model():
+    from course_lib import data, qmodel
+    from course_lib.model import load_pretrained
+    model = load_pretrained()
+    prompts = data.to_tensor(data.heldout_text(2 * 64)).view(2, 64)        # (2, 64)
+    ref_new = validate.continue_greedy(model, prompts, 20)                  # (2, 20)
+    assert ref_new.shape == (2, 20)
+    assert validate.divergence_points(ref_new, validate.continue_greedy(model, prompts, 20)) == [20, 20]
+    w2, _ = qmodel.quantize_model(model, "int2", "per_channel", None)
+    points = validate.divergence_points(ref_new, validate.continue_greedy(w2, prompts, 20))
+    assert all(0 <= p < 20 for p in points)                               # 2 bits: it parts
+    with pytest.raises(ValueError, match=r"\(B, T\)"):
+        validate.continue_greedy(model, prompts[0], 5)
+    with pytest.raises(ValueError, match="same B"):
+        validate.divergence_points(ref_new, ref_new[:1])
+
+
+def test_binomial_se_and_rung_rules():
+    assert validate.binomial_se(0.5, 100) == pytest.approx(0.05)             # sqrt(.25 / 100)
+    with pytest.raises(ValueError, match="whole number"):
+        validate.binomial_se(0.5, 0)
+    with pytest.raises(ValueError, match="proportion"):
+        validate.binomial_se(1.5, 10)
+    assert validate.rung_sees("kl", 1e-3) and not validate.rung_sees("kl", 1e-8)
+    assert validate.rung_sees("top1", 0.999, n=2000)          # 2 of 2,000 positions disagree
+    assert not validate.rung_sees("top1", 1.0, n=2000)
+    # task: reference 0.5 on 100 items -> 2 SE = 0.1
+    assert validate.rung_sees("task", 0.38, reference=0.5, n=100)
+    assert not validate.rung_sees("task", 0.42, reference=0.5, n=100)
+    assert validate.rung_sees("generation", 31.5, n_new=64)
+    assert not validate.rung_sees("generation", 64, n_new=64)
+    with pytest.raises(ValueError, match="unknown rung"):
+        validate.rung_sees("ppl", 1.0)
+    with pytest.raises(ValueError, match="needs n"):
+        validate.rung_sees("top1", 0.9)
+
+
+# ---- guide: reading results ---------------------------------------------------------------
+
+def test_summary_rows_are_read_not_retyped():
+    results = guide.load_results()
+    rows = guide.summary_rows(results, "smollm2")
+    raw_methods = json.loads((ROOT / "results" / "methods_smollm2.json").read_text())
+    awq = next(r for r in raw_methods["rows"] if (r["method"], r["bits"], r["group_size"]) == ("awq", 4, 32))
+    assert guide.find_row(rows, "W4A16 INT4 g32, AWQ")["kl"] == awq["kl_nats"]
+    raw_kv = json.loads((ROOT / "results" / "kv_smollm2.json").read_text())
+    assert guide.find_row(rows, "KV cache KIVI 2-bit")["top1"] == raw_kv["overall"]["kivi2"]["top1"]
+    bench = json.loads((ROOT / "results" / "bench_cuda_nvidia_h200_quick.json").read_text())
+    layer = next(l for l in bench["layers"] if (l["K"], l["N"], l["M"]) == (8192, 8192, 4096))
+    fp8 = guide.find_row(rows, "W8A8 FP8")
+    assert fp8["prefill_x"] == layer["results"]["fp8 w8a8"]["ratio_vs_baseline"]
+    assert fp8["e2e_x"] == bench["decode"]["results"]["fp8 w8a8"]["ratio_vs_baseline"]
+    assert "W8A16" in guide.format_summary(rows) and len(guide.summary_rows(results, "bundled")) >= 10
+    with pytest.raises(KeyError, match="no summary row"):
+        guide.find_row(rows, "NVFP4")
+    with pytest.raises(ValueError, match="unknown model"):
+        guide.summary_rows(results, "llama")
+
+
+def test_missing_files_drop_rows_and_a_cpu_bench_is_not_a_gpu_bench(tmp_path):
+    src = ROOT / "results"
+    for name in ("w8a8_smollm2.json", "bench_cpu_amd_epyc.json"):
+        (tmp_path / name).write_text((src / name).read_text())
+    results = guide.load_results(tmp_path)
+    assert guide.gpu_bench(results) == (None, None)
+    assert guide.newest_bench(results, "cpu")[0] == "bench_cpu_amd_epyc.json"
+    rows = guide.summary_rows(results, "smollm2")
+    assert {r["source"] for r in rows} == {"w8a8_smollm2.json"}
+    assert all(r["prefill_x"] is None for r in rows)
+    with pytest.raises(FileNotFoundError, match="not a folder"):
+        guide.load_results(tmp_path / "nope")
+
+
+def test_bench_ratio_none_when_not_measured():
+    _, bench = guide.gpu_bench(guide.load_results())
+    assert guide.bench_ratio(bench, "bf16", (8192, 28672, 1)) == 1.0
+    assert guide.bench_ratio(bench, "nvfp4", (8192, 28672, 1)) is None
+    assert guide.bench_ratio(bench, "bf16", (1, 2, 3)) is None and guide.bench_ratio(None, "bf16", (1, 2, 3)) is None
+
+
+# ---- guide: hardware, the rule, serving, quiz ------------------------------------------------
+
+def test_support_rows_follow_the_catalogue():
+    by = {r["gpu"]: r for r in guide.support_rows()}
+    assert by["A100 80GB"]["fp8"] is None and by["A100 80GB"]["int8"] == 624
+    assert by["H100 SXM"]["fp8"] == 1979 and by["H100 SXM"]["fp4"] is None
+    assert by["B200"]["fp4"] == 9000 and by["L40S"]["cc"] == (8, 9)
+    assert "16-bit" in guide.format_support()
+
+
+@pytest.mark.parametrize("limit, gpu, params, scheme", [
+    ("prefill", "A100 80GB", 8.03e9, "int8_w8a8"),    # no FP8 maths on Ampere
+    ("prefill", "RTX 4090", 8.03e9, "fp8_w8a8"),      # Ada has it
+    ("memory", "H100", 70.6e9, "w4a16"),              # 70.6 GB > 0.5 x 72 GB
+    ("memory", "B200", 70.6e9, "fp8_w8a8"),           # 70.6 GB <= 0.5 x 162 GB
+    ("accuracy", "H100", 8.03e9, "bf16"),             # 16.06 GB <= 36 GB
+    ("accuracy", "RTX 4090", 8.03e9, "w8a16"),        # 16.06 GB > 0.5 x 21.6 GB
+    ("decode", "MI300X", 405.9e9, "w4a16"),
+])
+def test_choose_scheme_by_hand(limit, gpu, params, scheme):
+    assert guide.choose_scheme(limit, gpu, params) == scheme
+
+
+def test_choose_scheme_refuses_bad_input():
+    with pytest.raises(ValueError, match="unknown limit"):
+        guide.choose_scheme("speed", "H100", 8e9)
+    with pytest.raises(ValueError, match="parameter count"):
+        guide.choose_scheme("decode", "H100", -1)
+    with pytest.raises(ValueError, match="unknown GPU"):
+        guide.choose_scheme("decode", "H300", 8e9)
+
+
+def test_recommend_gives_reasons_and_read_evidence():
+    r = guide.recommend("decode", "H200", 8.03e9)
+    assert r["scheme"] == "w4a16" and r["weights_gb"] == pytest.approx(8.03 * 4.125 / 8)
+    assert any("Triton W4A16" in e and "bench_cuda" in e for e in r["evidence"])
+    sweep = json.loads((ROOT / "results" / "sweep_gemv_nvidia_h200.json").read_text())
+    best = max(x["speedup_vs_bf16"] for x in sweep["rows"] if x["kernel"] == "w4a16" and "ms" in x)
+    assert guide.best_swept(guide.load_results())[1]["speedup_vs_bf16"] == best
+    assert any(f"{best:.2f}x BF16" in e for e in r["evidence"])
+    r = guide.recommend("prefill", "A100", 70.6e9)
+    assert r["scheme"] == "int8_w8a8" and r["kv_cache"] == "fp8"
+    assert any("without smoothing" in e for e in r["evidence"])
+    assert any("FP4 tensor cores" in x for x in guide.recommend("memory", "B200", 8e9)["reasons"])
+    with pytest.raises(ValueError, match="the rule returned"):
+        guide.recommend("decode", "H100", 8e9, rule=lambda *a: "int3")
+
+
+def test_loaded_weights_match_the_source():
+    # seed 000: ~8.5 GiB for the FP8 8B model (embeddings and head in BF16), ~15 in BF16
+    fp8 = guide.loaded_weights_gib(8.03e9, 8, 2 * 128_256 * 4096)
+    assert round(fp8, 1) == 8.5 and round(guide.loaded_weights_gib(8.03e9, 16)) == 15
+    with pytest.raises(ValueError, match="kept_16bit_params"):
+        guide.loaded_weights_gib(1e9, 8, 2e9)
+    text = guide.serving_text()
+    assert "--quantization fp8" in text and "--kv-cache-dtype fp8" in text
+    assert 'scheme="FP8_DYNAMIC"' in guide.LLM_COMPRESSOR_RECIPE
+
+
+def test_quiz_answers_are_options():
+    for q, (question, options, answer) in guide.QUIZ.items():
+        assert answer in options and guide.quiz_answer(q) == answer and question
+    with pytest.raises(KeyError, match="unknown question"):
+        guide.quiz_answer("q0")
+
+
+def test_decision_widget_updates_and_takes_a_rule():
+    from course_lib.widgets.decision import decision_widget
+    box = decision_widget()
+    assert "W4A16" in box.result.value and "bench_cuda" in box.result.value
+    box.controls["limit"].value = "prefill"
+    box.controls["gpu"].value = "A100 80GB"
+    assert "INT8 W8A8" in box.result.value and "kv-cache-dtype fp8" in box.result.value
+    box.controls["limit"].value = "accuracy"
+    box.controls["size"].value = 405.9
+    assert "W8A16" in box.result.value
+    mine = decision_widget(rule=lambda limit, gpu, params: "bf16")
+    assert "BF16, not quantized" in mine.result.value
