@@ -277,7 +277,7 @@ def compile_jobs(arch: int, all_configs: bool = False):
             "fp8_gemm", fp8_gemm_kernel,
             dict(a_ptr="*fp8e4nv", as_ptr="*fp32", b_ptr="*fp8e4nv", bs_ptr="*fp32", y_ptr=act,
                  M="i32", N="i32", K="i32", stride_am="i32", stride_bn="i32", stride_ym="i32"),
-            {}, _GEMM_CONFIGS, _GEMM_DEFAULT, all_configs, min_cc=89,
+            dict(FAST_ACC=True), _GEMM_CONFIGS, _GEMM_DEFAULT, all_configs, min_cc=89,
             rows=lambda c: c["BLOCK_M"],
             weight_bytes_per_step=lambda c: c["BLOCK_N"] * c["BLOCK_K"])
     return jobs
