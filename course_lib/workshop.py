@@ -187,9 +187,9 @@ def lessons_table(times: dict | None) -> str:
         threads = ("one torch thread" if times["omp_num_threads"] == "1"
                    else f"OMP_NUM_THREADS={times['omp_num_threads'] or 'unset'}")
         rows += ["", f"Reading: markdown words at 200 a minute. CPU time: the notebook's kernel, "
-                     f"measured in a test run ({times['measured']}, {m['cpu']}, {threads}); on an "
-                     f"idle machine a notebook's wall time is close to this, plus a few seconds "
-                     f"to start the kernel and drive it{busy_note(times)}. Solutions and exercise notebooks, and how busy the "
+                     f"measured in a test run ({times['measured']}, {m['cpu']}, {threads}), summed "
+                     f"over its threads; on an idle machine a notebook's wall time is at most "
+                     f"this, plus a few seconds to start the kernel and drive it{busy_note(times)}. Solutions and exercise notebooks, and how busy the "
                      f"machine was: [docs/instructors.md](docs/instructors.md#how-long-each-notebook-runs-measured)."]
     return "\n".join(rows)
 
