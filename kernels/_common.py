@@ -25,6 +25,35 @@ ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 GEMV_MAX_M = 8
 
 
+def capability(interpret: bool, min_cc: tuple[int, int], interp_note: str,
+               needs: str) -> tuple[bool, str]:
+    """(True, why) when a kernel that needs compute capability ``min_cc`` can run here (the
+    interpreter counts as yes, with ``interp_note``); else (False, why), where ``needs``
+    says what the kernel requires. ``interpret`` is passed by the caller (tests patch it)."""
+    if interpret:
+        return True, interp_note
+    if not torch.cuda.is_available():
+        return False, "no CUDA GPU"
+    cc = torch.cuda.get_device_capability(0)
+    name = torch.cuda.get_device_name(0)
+    if tuple(cc) < min_cc:
+        return False, f"{name} has compute capability {cc[0]}.{cc[1]}; {needs}"
+    return True, f"{name}, compute capability {cc[0]}.{cc[1]}"
+
+
+def check_row_scaled_weights(w_q: torch.Tensor, w_scale: torch.Tensor, dtype: torch.dtype,
+                             dtype_text: str, maker: str) -> torch.Tensor:
+    """Check W8A8 weights: 2-D ``dtype`` codes w_q (N, K) and one scale per output row;
+    returns the scales as contiguous fp32 (N,). ``maker`` names the function that makes them."""
+    if not isinstance(w_q, torch.Tensor) or w_q.dtype != dtype or w_q.dim() != 2:
+        raise TypeError(f"w_q must be a 2-D {dtype_text} tensor (N, K); make one with {maker}")
+    N = w_q.shape[0]
+    if not isinstance(w_scale, torch.Tensor) or w_scale.numel() != N:
+        raise ValueError(f"w_scale must hold one scale per output row: {N} values, shape "
+                         f"({N},) or ({N}, 1)")
+    return w_scale.reshape(N).float().contiguous()
+
+
 def on_gpu() -> bool:
     """True when kernels run natively on a CUDA GPU (not the interpreter)."""
     return not INTERPRET and torch.cuda.is_available()

@@ -32,8 +32,9 @@ import triton
 import triton.language as tl
 
 from kernels import INTERPRET
-from kernels._common import (CompileJob, check_activations, check_device, choose, config_jobs,
-                             on_gpu, pow2_at_least)
+from kernels._common import (CompileJob, capability, check_activations, check_device,
+                             check_row_scaled_weights, choose, config_jobs, on_gpu,
+                             pow2_at_least)
 
 FP8_MAX = 448.0                 # largest finite E4M3 value
 FP8_MIN_CC = (8, 9)             # Ada; Hopper is 9.0, Blackwell 10.x and 12.x
@@ -156,16 +157,9 @@ _gemm = fp8_gemm_kernel if INTERPRET else triton.autotune(_GEMM_CONFIGS, key=["M
 
 def fp8_supported() -> tuple[bool, str]:
     """(True, why) when FP8 tensor-core maths can run here; the interpreter counts as yes."""
-    if INTERPRET:
-        return True, "Triton interpreter on the CPU: correct FP8 results, emulated, never timed"
-    if not torch.cuda.is_available():
-        return False, "no CUDA GPU"
-    cc = torch.cuda.get_device_capability(0)
-    name = torch.cuda.get_device_name(0)
-    if tuple(cc) < FP8_MIN_CC:
-        return False, (f"{name} has compute capability {cc[0]}.{cc[1]}; FP8 tensor-core maths "
-                       "needs 8.9 or higher (Ada, Hopper, Blackwell)")
-    return True, f"{name}, compute capability {cc[0]}.{cc[1]}"
+    return capability(INTERPRET, FP8_MIN_CC,
+                      "Triton interpreter on the CPU: correct FP8 results, emulated, never timed",
+                      "FP8 tensor-core maths needs 8.9 or higher (Ada, Hopper, Blackwell)")
 
 
 def require_fp8() -> None:
@@ -178,14 +172,8 @@ def require_fp8() -> None:
 
 
 def _check_weights(w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
-    if not isinstance(w_q, torch.Tensor) or w_q.dtype != FP8_DTYPE or w_q.dim() != 2:
-        raise TypeError("w_q must be a 2-D torch.float8_e4m3fn tensor (N, K); make one with "
-                        "kernels.fp8_w8a8.quantize_weight(w)")
-    N = w_q.shape[0]
-    if not isinstance(w_scale, torch.Tensor) or w_scale.numel() != N:
-        raise ValueError(f"w_scale must hold one scale per output row: {N} values, shape "
-                         f"({N},) or ({N}, 1)")
-    return w_scale.reshape(N).float().contiguous()
+    return check_row_scaled_weights(w_q, w_scale, FP8_DTYPE, "torch.float8_e4m3fn",
+                                    "kernels.fp8_w8a8.quantize_weight(w)")
 
 
 def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

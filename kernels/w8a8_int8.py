@@ -33,8 +33,9 @@ import triton
 import triton.language as tl
 
 from kernels import INTERPRET
-from kernels._common import (CompileJob, check_activations, check_device, choose, config_jobs,
-                             on_gpu, pow2_at_least)
+from kernels._common import (CompileJob, capability, check_activations, check_device,
+                             check_row_scaled_weights, choose, config_jobs, on_gpu,
+                             pow2_at_least)
 
 QMAX = 127
 INT8_MIN_CC = (8, 0)            # Triton's int8 tl.dot: Ampere and later
@@ -131,16 +132,10 @@ _gemm = int8_gemm_kernel if INTERPRET else triton.autotune(
 
 def int8_supported() -> tuple[bool, str]:
     """(True, why) when Triton's INT8 tensor-core path can run here; the interpreter counts."""
-    if INTERPRET:
-        return True, "Triton interpreter on the CPU: exact INT8 results, emulated, never timed"
-    if not torch.cuda.is_available():
-        return False, "no CUDA GPU"
-    cc = torch.cuda.get_device_capability(0)
-    name = torch.cuda.get_device_name(0)
-    if tuple(cc) < INT8_MIN_CC:
-        return False, (f"{name} has compute capability {cc[0]}.{cc[1]}; this kernel's int8 "
-                       "tl.dot needs 8.0 or higher (Ampere, Ada, Hopper, Blackwell)")
-    return True, f"{name}, compute capability {cc[0]}.{cc[1]}"
+    return capability(INTERPRET, INT8_MIN_CC,
+                      "Triton interpreter on the CPU: exact INT8 results, emulated, never timed",
+                      "this kernel's int8 tl.dot needs 8.0 or higher (Ampere, Ada, Hopper, "
+                      "Blackwell)")
 
 
 def require_int8() -> None:
@@ -153,14 +148,8 @@ def require_int8() -> None:
 
 
 def _check_weights(w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
-    if not isinstance(w_q, torch.Tensor) or w_q.dtype != torch.int8 or w_q.dim() != 2:
-        raise TypeError("w_q must be a 2-D int8 tensor (N, K); make one with "
-                        "kernels.w8a8_int8.quantize_weight(w)")
-    N = w_q.shape[0]
-    if not isinstance(w_scale, torch.Tensor) or w_scale.numel() != N:
-        raise ValueError(f"w_scale must hold one scale per output row: {N} values, shape "
-                         f"({N},) or ({N}, 1)")
-    return w_scale.reshape(N).float().contiguous()
+    return check_row_scaled_weights(w_q, w_scale, torch.int8, "int8",
+                                    "kernels.w8a8_int8.quantize_weight(w)")
 
 
 def quantize_rows_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
