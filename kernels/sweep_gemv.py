@@ -175,10 +175,6 @@ def fp8_codes_by_device() -> dict:
     return res
 
 
-def props_name() -> str:
-    return torch.cuda.get_device_name(0)
-
-
 def main() -> int:
     if not on_gpu():
         print("kernels.sweep_gemv: needs a CUDA GPU (the Triton interpreter's timings mean "
@@ -188,7 +184,7 @@ def main() -> int:
     os.makedirs("results", exist_ok=True)
     path = os.path.join("results", f"sweep_gemv_{name}.json")
     if "--fp8-only" in sys.argv:     # update only the FP8 sections of an earlier sweep
-        res = json.load(open(path)) if os.path.exists(path) else {"device": props_name()}
+        res = json.load(open(path)) if os.path.exists(path) else {"device": torch.cuda.get_device_name(0)}
         res["fp8_accumulation"] = fp8_accumulation()
         res["fp8_codes_by_device"] = fp8_codes_by_device()
         with open(path, "w") as f:
