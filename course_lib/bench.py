@@ -349,6 +349,8 @@ def catalogue_gpu(device_name: str, memory_gb: float | None = None):
     for key, name in table:
         if key in n and name in hardware.GPUS:
             return hardware.GPUS[name]
+    if "T4" in n.split():                                                 # "Tesla T4"
+        return hardware.GPUS["T4"]
     if "A100" in n:
         small = "40GB" in n.replace(" ", "") or (memory_gb is not None and memory_gb < 60)
         return hardware.GPUS.get("A100 40GB" if small else "A100 80GB")

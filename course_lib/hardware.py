@@ -22,7 +22,7 @@ Sources are listed per entry (``GPU.source``, ``Model.source``). GPU compute fig
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from numbers import Real
 
 from course_lib import quant  # one source for scale overheads: quant.bits_per_weight (lesson 03)
@@ -169,6 +169,8 @@ class GPU:
     compute_capability: tuple[int, int] | None  # CUDA compute capability; None for AMD
     arch: str
     source: str
+    sms: int | None = None                  # streaming multiprocessors (None: not catalogued)
+    boost_clock_ghz: float | None = None    # the datasheet's boost clock
 
     def usable_gb(self, usable_fraction: float = USABLE_FRACTION) -> float:
         """Memory a serving engine may fill: ``memory_gb x usable_fraction`` (80 -> 72 GB)."""
@@ -210,11 +212,23 @@ GPUS: dict[str, GPU] = {g.name: g for g in [
     GPU("B200", 180, 8.0, 2250, 4500, 4500, 9000, (10, 0), "Blackwell",
         "NVIDIA HGX B200 / DGX B200 specifications: 8-GPU system figures divided by 8 "
         "(1,440 GB, 64 TB/s), dense = half the sparse figures (FP4 144 PF sparse -> 9 PF per GPU)"),
+    GPU("T4", 16, 0.32, 65, None, 130, None, (7, 5), "Turing",
+        "NVIDIA T4 Tensor Core GPU datasheet (Turing has no BF16: the 16-bit figure is FP16 with "
+        "FP32 accumulate; no sparsity on Turing, so every figure is dense)"),
     GPU("MI300X", 192, 5.3, 1307.4, 2614.9, 2614.9, None, None, "AMD CDNA 3 (gfx942)",
         "AMD Instinct MI300X data sheet (dense, no sparsity)"),
 ]}
+# SM counts and boost clocks (lessons 09-10: the issue budget), from the same datasheets and
+# NVIDIA's architecture whitepapers (H100: 132 SMs SXM5, 114 PCIe; A100: 108; AD102 in the
+# RTX 4090: 128; AD102 in the L40S: 142; TU104 in the T4: 40).
+_SMS_CLOCK = {"H100 SXM": (132, 1.98), "H100 PCIe": (114, 1.755), "H100 NVL": (132, 1.785),
+              "H200": (132, 1.98), "A100 40GB": (108, 1.41), "A100 80GB": (108, 1.41),
+              "L40S": (142, 2.52), "RTX 4090": (128, 2.52), "T4": (40, 1.59)}
+GPUS = {n: (replace(g, sms=_SMS_CLOCK[n][0], boost_clock_ghz=_SMS_CLOCK[n][1])
+            if n in _SMS_CLOCK else g) for n, g in GPUS.items()}
+
 GPU_ALIASES = {"H100": "H100 SXM", "H100 SXM5": "H100 SXM", "A100": "A100 80GB",
-               "4090": "RTX 4090", "MI300": "MI300X"}
+               "4090": "RTX 4090", "MI300": "MI300X", "Tesla T4": "T4"}
 
 
 def get_gpu(name) -> GPU:
@@ -222,6 +236,156 @@ def get_gpu(name) -> GPU:
     if isinstance(name, GPU):
         return name
     return _lookup("GPU", name, GPUS, GPU_ALIASES)
+
+
+# ---------------------------------------------------------------------------------------
+# What limits a GEMV besides bytes: the issue budget and the bytes in flight (lessons 09-10)
+# ---------------------------------------------------------------------------------------
+
+# 32-bit float add/multiply/FMA results per clock per SM, by compute capability: the CUDA C++
+# Programming Guide's "Arithmetic Instructions" throughput table. The A100 (8.0) has 64, not
+# 128: only the consumer Ampere chips (8.6, 8.7) doubled their FP32 lanes.
+FP32_LANES_PER_SM = {(7, 0): 64, (7, 5): 64, (8, 0): 64, (8, 6): 128, (8, 7): 128, (8, 9): 128,
+                     (9, 0): 128, (10, 0): 128, (12, 0): 128}
+# Loaded DRAM latency assumed for Little's law: a round figure, "about a microsecond" on HBM
+# under load (an idle load is faster, 0.5-0.7 us; a queue under full bandwidth is slower).
+DEFAULT_LATENCY_US = 1.0
+
+
+def _cc(compute_capability) -> tuple[int, int]:
+    cc = compute_capability
+    if not (isinstance(cc, (tuple, list)) and len(cc) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in cc)):
+        raise ValueError(f"compute_capability must be a (major, minor) pair such as (9, 0), "
+                         f"got {cc!r}")
+    return int(cc[0]), int(cc[1])
+
+
+def fp32_lanes_per_sm(compute_capability) -> int:
+    """FP32 lanes of one SM (results per clock), e.g. (9, 0) -> 128, (8, 0) -> 64 (lesson 10).
+
+    An unlisted newer capability takes the entry of the closest older one."""
+    cc = _cc(compute_capability)
+    known = [k for k in FP32_LANES_PER_SM if k <= cc]
+    if not known:
+        raise ValueError(f"no FP32 lane count for compute capability {cc[0]}.{cc[1]}: the "
+                         f"catalogue starts at 7.0 (Volta); known: {sorted(FP32_LANES_PER_SM)}")
+    return FP32_LANES_PER_SM[max(known)]
+
+
+def issue_budget(sms: int, clock_ghz: float, bandwidth_tbps: float, lanes_per_sm: int) -> float:
+    """Lane-instructions a GPU issues per byte it reads at full bandwidth (lesson 10):
+    ``sms x lanes_per_sm x clock / bandwidth``.
+
+    An H200: 132 x 128 x 1.98e9 / 4.8e12 -> 6.97. A kernel whose main loop needs more
+    instructions per weight byte than this cannot stream its weights at full bandwidth (and a
+    real kernel sustains about half of the issue rate).
+    """
+    sms = _positive_int("sms", sms)
+    lanes = _positive_int("lanes_per_sm", lanes_per_sm)
+    clock = _positive("clock_ghz", clock_ghz)
+    bandwidth = _positive("bandwidth_tbps", bandwidth_tbps)
+    return sms * lanes * clock * 1e9 / (bandwidth * TB)
+
+
+def gpu_issue_budget(gpu, bandwidth_tbps: float | None = None) -> float:
+    """``issue_budget`` of a catalogue GPU (its SMs, boost clock, FP32 lanes per SM), at its
+    datasheet bandwidth or at ``bandwidth_tbps`` (a measured one). Lesson 10."""
+    gpu = get_gpu(gpu)
+    if gpu.sms is None or gpu.boost_clock_ghz is None or gpu.compute_capability is None:
+        raise ValueError(f"the catalogue has no SM count, clock or CUDA compute capability for "
+                         f"{gpu.name}; catalogued: {', '.join(n for n, g in GPUS.items() if g.sms)}")
+    bw = gpu.bandwidth_tbps if bandwidth_tbps is None else bandwidth_tbps
+    return issue_budget(gpu.sms, gpu.boost_clock_ghz, bw, fp32_lanes_per_sm(gpu.compute_capability))
+
+
+def device_issue_budget(props, bandwidth_tbps: float) -> dict:
+    """The issue budget of the GPU torch sees (lesson 10): SM count, compute capability and
+    clock from ``torch.cuda.get_device_properties(0)`` (``clock_rate`` is in kHz; where torch
+    does not report it, the catalogue's boost clock), lanes per SM from the compute capability,
+    and the bandwidth you pass (measured, or the catalogue's). Returns the inputs and the budget.
+    """
+    for attr in ("multi_processor_count", "major", "minor", "name"):
+        if not hasattr(props, attr):
+            raise TypeError(f"props must be torch.cuda.get_device_properties(...), which has "
+                            f"`{attr}`; got {type(props).__name__}")
+    clock_khz = getattr(props, "clock_rate", 0) or 0
+    clock_ghz = clock_khz / 1e6
+    source = "torch (clock_rate)"
+    if clock_ghz <= 0:
+        from course_lib.bench import catalogue_gpu
+
+        gpu = catalogue_gpu(props.name)
+        if gpu is None or gpu.boost_clock_ghz is None:
+            raise ValueError(f"torch reports no clock for {props.name} and the catalogue has no "
+                             f"entry for it: pass a GPU from the catalogue to gpu_issue_budget")
+        clock_ghz, source = gpu.boost_clock_ghz, f"catalogue ({gpu.name} boost clock)"
+    lanes = fp32_lanes_per_sm((props.major, props.minor))
+    budget = issue_budget(props.multi_processor_count, clock_ghz, bandwidth_tbps, lanes)
+    return {"sms": props.multi_processor_count, "clock_ghz": clock_ghz, "clock_source": source,
+            "lanes_per_sm": lanes, "bandwidth_tbps": bandwidth_tbps, "budget": budget}
+
+
+def bytes_in_flight_per_sm(bandwidth_tbps: float, sms: int,
+                           latency_us: float = DEFAULT_LATENCY_US) -> float:
+    """Little's law (lesson 10): to keep ``bandwidth_tbps`` busy when each load takes
+    ``latency_us`` to come back, ``bandwidth x latency`` bytes must be on their way at every
+    moment; per SM, divide by the SM count. An H200 (4.8 TB/s, 132 SMs, 1 us) -> 36,364 B.
+    """
+    bandwidth = _positive("bandwidth_tbps", bandwidth_tbps)
+    sms = _positive_int("sms", sms)
+    latency = _positive("latency_us", latency_us)
+    return bandwidth * TB * latency * 1e-6 / sms
+
+
+def gemv_bytes_in_flight_per_sm(N: int, block_n: int, block_k: int, weight_bits: float,
+                                sms: int, split_k: int = 1) -> float:
+    """Weight bytes a GEMV without software pipelining has in flight per SM (lesson 10): each
+    program waits for one (block_n x block_k) tile of weights at a time, and the grid's
+    ``ceil(N / block_n) x split_k`` programs share ``sms`` SMs (all resident at once: a GEMV's
+    grid is small). The first H200 run's W4A16 at 8192 x 28672 (block 32 x 256, 132 SMs) ->
+    27.8 KB: less than the 36 KB Little's law asks.
+    """
+    for name, v in (("N", N), ("block_n", block_n), ("block_k", block_k), ("split_k", split_k)):
+        _positive_int(name, v)
+    bits = _positive("weight_bits", weight_bits)
+    sms = _positive_int("sms", sms)
+    programs = math.ceil(N / block_n) * split_k
+    return programs * block_n * block_k * bits / 8 / sms
+
+
+# Which course kernel runs from which compute capability, against what the hardware has
+# (lessons 09, 10 and 12). "hardware": where the tensor cores of that format first appear;
+# "course": where the course's Triton kernel runs natively. They differ for INT8 W8A8.
+KERNEL_SUPPORT = {
+    "w8a16": {"hardware": (7, 0), "course": (7, 5),
+              "why": "a GEMV on the CUDA cores runs on any GPU Triton supports (sm_75 and newer); "
+                     "its batch > 8 GEMM uses tensor cores (mma.sync) from sm_80"},
+    "w4a16": {"hardware": (7, 0), "course": (7, 5),
+              "why": "same as W8A16: CUDA-core GEMV everywhere, tensor-core GEMM from sm_80"},
+    "int8_w8a8": {"hardware": (7, 5), "course": (8, 0),
+                  "why": "Turing (7.5) has INT8 tensor cores (mma.sync m8n8k16 s8), but Triton 3.9 "
+                         "emits tensor-core instructions for tl.dot only from sm_80, and its "
+                         "fallback for older GPUs handles float operands only: compiling the "
+                         "course's int8 tl.dot for sm_75 fails ('arith.extf' on an i8 tensor in "
+                         "TritonGPUAccelerateMatmul; `python -m kernels.compile_check --arch 75 "
+                         "--only int8_gemm`), so the kernel refuses below 8.0"},
+    "fp8_w8a8": {"hardware": (8, 9), "course": (8, 9),
+                 "why": "FP8 tensor cores appear with Ada (8.9); Hopper's wgmma takes FP8 from "
+                        "64-row tiles"},
+}
+
+
+def kernel_support(kernel: str, compute_capability) -> dict:
+    """Whether the hardware has the maths of ``kernel`` (a key of ``KERNEL_SUPPORT``) and
+    whether the course's kernel runs natively at ``compute_capability``, with the reason they
+    differ (lesson 09). A T4 (7.5) has INT8 tensor cores; the course's INT8 W8A8 refuses it."""
+    if kernel not in KERNEL_SUPPORT:
+        raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(KERNEL_SUPPORT)}")
+    cc = _cc(compute_capability)
+    entry = KERNEL_SUPPORT[kernel]
+    return {"kernel": kernel, "hardware": cc >= entry["hardware"], "course": cc >= entry["course"],
+            "why": entry["why"]}
 
 
 # ---------------------------------------------------------------------------------------
@@ -649,4 +813,7 @@ __all__ = [
     "kv_cache_gb", "conversations_that_fit", "decode_floor_ms", "tokens_per_second_ceiling",
     "batched_step_ms", "batch_tokens_per_second", "Plan", "plan", "gpus_per_replica",
     "decode_floor_table", "format_table", "gpu_table", "model_table",
+    "FP32_LANES_PER_SM", "DEFAULT_LATENCY_US", "fp32_lanes_per_sm", "issue_budget",
+    "gpu_issue_budget", "device_issue_budget", "bytes_in_flight_per_sm",
+    "gemv_bytes_in_flight_per_sm", "KERNEL_SUPPORT", "kernel_support",
 ]

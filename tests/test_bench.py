@@ -44,7 +44,7 @@ def test_ridge_point_and_roofline_h100():
     ("NVIDIA H100 80GB HBM3", 85, "H100 SXM"), ("NVIDIA H100 PCIe", 85, "H100 PCIe"),
     ("NVIDIA A100-SXM4-40GB", 42, "A100 40GB"), ("NVIDIA A100-SXM4-80GB", 85, "A100 80GB"),
     ("NVIDIA H200", 150, "H200"), ("NVIDIA GeForce RTX 4090", 25, "RTX 4090"),
-    ("NVIDIA L40S", 48, "L40S"), ("Tesla T4", 16, None)])
+    ("NVIDIA L40S", 48, "L40S"), ("Tesla T4", 16, "T4"), ("NVIDIA RTX A4000", 16, None)])
 def test_catalogue_lookup(name, mem, expected):
     gpu = bench.catalogue_gpu(name, mem)
     assert (gpu.name if gpu else None) == expected

@@ -288,3 +288,84 @@ def test_plan_of_a_mixture_of_experts_reads_active_weights_per_user():
     kv_64 = hw.model_kv_bytes_per_token(m) * 64 * 4096
     all_bytes = m.params * hw.bits_per_weight("mxfp4") / 8       # 64 users touch every expert
     assert big.step_ms == pytest.approx((all_bytes + kv_64) / 3.35e12 * 1e3)
+
+
+# ---- issue budget, Little's law, what the course's kernels support (lessons 09-10) -------
+
+def test_issue_budget_from_the_catalogue():
+    # the H200 figures of the first GPU run: 132 SMs x 128 lanes x 1.98 GHz / 4.8 TB/s
+    assert hw.gpu_issue_budget("H200") == pytest.approx(132 * 128 * 1.98e9 / 4.8e12)
+    assert 6.9 < hw.gpu_issue_budget("H200") < 7.0
+    assert hw.gpu_issue_budget("H100") == pytest.approx(9.99, abs=0.01)
+    # an A100 SM has 64 FP32 lanes, not 128 (CUDA programming guide, compute capability 8.0)
+    assert hw.fp32_lanes_per_sm((8, 0)) == 64 and hw.fp32_lanes_per_sm((8, 6)) == 128
+    assert hw.gpu_issue_budget("A100") == pytest.approx(108 * 64 * 1.41e9 / 2.039e12)
+    # a measured bandwidth replaces the datasheet's: lower bandwidth, more instructions per byte
+    assert hw.gpu_issue_budget("H200", 4.11) > hw.gpu_issue_budget("H200")
+    assert hw.fp32_lanes_per_sm((12, 1)) == 128                           # newer: closest older
+
+
+def test_issue_budget_refuses_bad_input():
+    with pytest.raises(ValueError, match="sms must be 1 or more"):
+        hw.issue_budget(0, 1.98, 4.8, 128)
+    with pytest.raises(ValueError, match="bandwidth_tbps must be greater than zero"):
+        hw.issue_budget(132, 1.98, 0, 128)
+    with pytest.raises(ValueError, match="clock_ghz must be a finite number"):
+        hw.issue_budget(132, float("nan"), 4.8, 128)
+    with pytest.raises(ValueError, match=r"no FP32 lane count for compute capability 6.1"):
+        hw.fp32_lanes_per_sm((6, 1))
+    with pytest.raises(ValueError, match=r"compute_capability must be a \(major, minor\) pair"):
+        hw.fp32_lanes_per_sm("9.0")
+    with pytest.raises(ValueError, match="no SM count, clock or CUDA compute capability for MI300X"):
+        hw.gpu_issue_budget("MI300X")
+
+
+def test_device_issue_budget_reads_torch_properties():
+    from types import SimpleNamespace
+
+    h200 = SimpleNamespace(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132,
+                           clock_rate=1_980_000)                           # kHz, as CUDA reports it
+    got = hw.device_issue_budget(h200, 4.8)
+    assert got["budget"] == pytest.approx(hw.gpu_issue_budget("H200"))
+    assert got["lanes_per_sm"] == 128 and got["clock_source"].startswith("torch")
+    t4 = SimpleNamespace(name="Tesla T4", major=7, minor=5, multi_processor_count=40, clock_rate=0)
+    got = hw.device_issue_budget(t4, 0.32)                                 # no clock: catalogue's
+    assert got["clock_ghz"] == 1.59 and got["lanes_per_sm"] == 64 and "catalogue" in got["clock_source"]
+    unknown = SimpleNamespace(name="Some GPU", major=9, minor=0, multi_processor_count=10, clock_rate=0)
+    with pytest.raises(ValueError, match="torch reports no clock for Some GPU"):
+        hw.device_issue_budget(unknown, 1.0)
+    with pytest.raises(TypeError, match="torch.cuda.get_device_properties"):
+        hw.device_issue_budget({"name": "H200"}, 4.8)
+
+
+def test_littles_law_and_the_first_h200_gemv():
+    # 4.8 TB/s x 1 us over 132 SMs: about 36 KB per SM must be on its way
+    assert hw.bytes_in_flight_per_sm(4.8, 132) == pytest.approx(4.8e12 * 1e-6 / 132)
+    assert round(hw.bytes_in_flight_per_sm(4.8, 132) / 1e3) == 36
+    # the first run's W4A16 GEMV: 896 programs of 32 x 256 INT4 weights (4 KB) on 132 SMs
+    w4_big = hw.gemv_bytes_in_flight_per_sm(28672, 32, 256, 4, 132)
+    assert w4_big == pytest.approx(896 * 4096 / 132) and w4_big < hw.bytes_in_flight_per_sm(4.8, 132)
+    assert round(hw.gemv_bytes_in_flight_per_sm(4096, 8, 256, 4, 132) / 1e3) == 4
+    assert hw.gemv_bytes_in_flight_per_sm(100, 32, 64, 8, 1) == 4 * 32 * 64    # ceil(100/32) = 4
+    with pytest.raises(ValueError, match="block_n must be 1 or more"):
+        hw.gemv_bytes_in_flight_per_sm(4096, 0, 256, 4, 132)
+    with pytest.raises(ValueError, match="latency_us must be greater than zero"):
+        hw.bytes_in_flight_per_sm(4.8, 132, latency_us=0)
+
+
+def test_t4_and_what_the_course_kernels_support():
+    t4 = hw.get_gpu("Tesla T4")
+    assert t4.compute_capability == (7, 5) and t4.fp8_tflops is None and t4.int8_tops == 130
+    assert (t4.sms, t4.boost_clock_ghz) == (40, 1.59)
+    # the hardware has INT8 tensor cores from Turing; the course's Triton kernel needs 8.0
+    int8 = hw.kernel_support("int8_w8a8", (7, 5))
+    assert int8["hardware"] and not int8["course"] and "sm_80" in int8["why"]
+    assert hw.kernel_support("int8_w8a8", (8, 0))["course"]
+    assert hw.kernel_support("w4a16", (7, 5))["course"]
+    assert not hw.kernel_support("fp8_w8a8", (8, 0))["hardware"]
+    with pytest.raises(ValueError, match="unknown kernel 'int4_w4a4'; known: w8a16"):
+        hw.kernel_support("int4_w4a4", (9, 0))
+    # the catalogue agrees with the kernel's own refusal threshold
+    from kernels import w8a8_int8
+
+    assert tuple(w8a8_int8.INT8_MIN_CC) == hw.KERNEL_SUPPORT["int8_w8a8"]["course"]
