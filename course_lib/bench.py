@@ -22,10 +22,12 @@ import math
 import statistics
 import time
 from numbers import Real
+from pathlib import Path
 from typing import Callable
 
 # Bits per stored weight of each weight format a benchmark row can name (scales counted
 # separately by ``linear_bytes``).
+RESULTS = Path(__file__).resolve().parents[1] / "results"   # measured runs (lessons 09-10)
 WEIGHT_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "fp8": 8, "int4": 4}
 
 # Linear layers of Llama 3.1 8B and of a 70B-class model: (name, K in, N out). Used by the
@@ -326,6 +328,41 @@ def floor_speedup(M: int, N: int, K: int, weight_bits: float, group_size: int | 
     fmt = layer_floor_ms(M, N, K, weight_bits, group_size, bandwidth_gbps,
                          base_tflops if fmt_tflops is None else fmt_tflops)
     return base / fmt
+
+
+def gain_by_batch(result: dict, fmt: str, layer_kn) -> dict[int, float]:
+    """{batch M: baseline ms / ``fmt`` ms} over one layer's decode rows of a results JSON,
+    batches in increasing order (lesson 10, whose third exercise has you write it).
+
+    ``layer_kn`` is (K in, N out); each row's ratio is against its own baseline
+    (``row["baseline"]``: bf16 on a GPU, fp16 below compute capability 8.0, fp32 on a CPU).
+    A time that is missing, zero, negative or NaN (a failed measurement) and two rows for the
+    same batch are refused: a ratio from them would be silently wrong.
+    """
+    if not (isinstance(layer_kn, (tuple, list)) and len(layer_kn) == 2):
+        raise ValueError(f"layer_kn must be a (K, N) pair such as (4096, 4096), got {layer_kn!r}")
+    K, N = layer_kn
+    rows = [r for r in result["layers"] if (r["K"], r["N"]) == (K, N) and r["phase"] == "decode"]
+    if not rows:
+        have = sorted({(r["K"], r["N"]) for r in result["layers"]})
+        raise ValueError(f"no decode rows for layer {K}x{N} in this result; layers: {have}")
+    out: dict[int, float] = {}
+    for r in sorted(rows, key=lambda r: r["M"]):
+        if fmt not in r["results"]:
+            raise ValueError(f"format {fmt!r} was not measured at batch {r['M']}; formats: "
+                             f"{list(r['results'])}")
+        if r["M"] in out:
+            raise ValueError(f"two decode rows for batch {r['M']} of layer {K}x{N}: which one "
+                             f"is the measurement? Keep one row per batch")
+        times = {}
+        for name in (r["baseline"], fmt):
+            ms = r["results"][name].get("ms")
+            if isinstance(ms, bool) or not isinstance(ms, Real) or not 0 < ms < math.inf:
+                raise ValueError(f"batch {r['M']}: the time of {name!r} is {ms!r}, not a positive "
+                                 f"number of ms (a failed or missing measurement)")
+            times[name] = ms
+        out[r["M"]] = times[r["baseline"]] / times[fmt]
+    return out
 
 
 def catalogue_gpu(device_name: str, memory_gb: float | None = None):

@@ -2,7 +2,7 @@
 reading how a format's gain changes with the batch from another machine's results JSON.
 
 References: ``course_lib.bench.layer_floor_ms``, ``course_lib.bench.floor_speedup`` and
-``kernels.bench.gain_by_batch`` (imported when a check runs: it imports triton).
+``course_lib.bench.gain_by_batch``.
 """
 from __future__ import annotations
 
@@ -25,12 +25,34 @@ def _floor_cases():
              label="a CPU: no compute peak, bandwidth only"),
         Case((1, 4096, 4096), {"bandwidth_gbps": 0.0, "peak_tflops": 989.0},
              label="zero bandwidth", raises=ValueError),
+        Case((1, 4096, 4096), {"bandwidth_gbps": float("nan"), "peak_tflops": 989.0},
+             label="NaN bandwidth (a failed measurement)", raises=ValueError),
+        Case((1, 4096, 4096), {"bandwidth_gbps": 3350.0, "peak_tflops": 0.0},
+             label="a peak of 0 is not 'no peak' (None)", raises=ValueError),
+        Case((1, 4096, 4096), {"bandwidth_gbps": 3350.0, "peak_tflops": -989.0},
+             label="negative peak", raises=ValueError),
     ]
 
 
 def _check_bw(bandwidth_gbps):
     if bandwidth_gbps <= 0:
         raise ValueError("bandwidth must be positive")
+
+
+def _floor_zero_peak_as_none(M, N, K, weight_bits=16, group_size=None, bandwidth_gbps=3350.0,
+                             peak_tflops=989.0):
+    """Tested `if peak_tflops:` for "no compute roof": a peak of 0 (or below) is ignored."""
+    return bench.layer_floor_ms(M, N, K, weight_bits, group_size, bandwidth_gbps,
+                                peak_tflops if peak_tflops and peak_tflops > 0 else None)
+
+
+def _floor_nan_passes(M, N, K, weight_bits=16, group_size=None, bandwidth_gbps=3350.0,
+                      peak_tflops=989.0):
+    """Checked `bandwidth_gbps <= 0` only: a NaN bandwidth gives a NaN floor, silently."""
+    _check_bw(bandwidth_gbps)
+    if bandwidth_gbps != bandwidth_gbps:
+        return float("nan")
+    return bench.layer_floor_ms(M, N, K, weight_bits, group_size, bandwidth_gbps, peak_tflops)
 
 
 def _floor_bytes_only(M, N, K, weight_bits=16, group_size=None, bandwidth_gbps=3350.0,
@@ -74,8 +96,10 @@ register(Exercise(
           "bytes = bench.linear_bytes(M, N, K, weight_bits, group_size=group_size), FLOPs = "
           "bench.linear_flops(M, N, K); bandwidth_gbps is 1e9 bytes/s, peak_tflops 1e12 FLOP/s.",
           "max(bytes / (bandwidth_gbps * 1e9), flops / (peak_tflops * 1e12)) * 1e3; no compute "
-          "term when peak_tflops is None; ValueError when bandwidth_gbps <= 0"],
-    wrong=[_floor_bytes_only, _floor_sum, _floor_seconds, _floor_weights_only],
+          "term when peak_tflops is None (not when it is 0); ValueError unless bandwidth_gbps and "
+          "a given peak_tflops are finite and positive (NaN too)"],
+    wrong=[_floor_bytes_only, _floor_sum, _floor_seconds, _floor_weights_only,
+           _floor_zero_peak_as_none, _floor_nan_passes],
     rtol=1e-9, atol=0.0,
 ))
 
@@ -91,6 +115,10 @@ def _speedup_cases():
              label="W8A16 batch 16 on an A100"),
         Case((256, 4096, 4096, 4, 32), label="W4A16 g32, batch 256: near the ridge"),
         Case((1, 4096, 4096, 4, 128), {"bandwidth_gbps": -1.0}, label="negative bandwidth",
+             raises=ValueError),
+        Case((4096, 8192, 8192, 8, 8192), {"fmt_tflops": 0.0}, label="a format rate of 0 is not "
+             "'the BF16 rate' (None)", raises=ValueError),
+        Case((1, 4096, 4096, 4, 128), {"base_tflops": float("nan")}, label="NaN BF16 rate",
              raises=ValueError),
     ]
 
@@ -115,6 +143,13 @@ def _speedup_inverted(M, N, K, weight_bits, group_size=None, bandwidth_gbps=3350
                                      base_tflops, fmt_tflops)
 
 
+def _speedup_zero_rate_as_none(M, N, K, weight_bits, group_size=None, bandwidth_gbps=3350.0,
+                               base_tflops=989.0, fmt_tflops=None):
+    """Wrote `fmt_tflops or base_tflops`: a rate of 0 silently becomes the BF16 rate."""
+    return bench.floor_speedup(M, N, K, weight_bits, group_size, bandwidth_gbps, base_tflops,
+                               fmt_tflops or None)
+
+
 def _speedup_no_scales(M, N, K, weight_bits, group_size=None, bandwidth_gbps=3350.0,
                        base_tflops=989.0, fmt_tflops=None):
     """Forgot the scales' bytes of the quantized format."""
@@ -132,7 +167,8 @@ register(Exercise(
           "format with weight_bits, group_size and its own rate.",
           "layer_floor_ms(M, N, K, 16, None, bw, base_tflops) / layer_floor_ms(M, N, K, "
           "weight_bits, group_size, bw, base_tflops if fmt_tflops is None else fmt_tflops)"],
-    wrong=[_speedup_byte_ratio, _speedup_ignores_fmt_rate, _speedup_inverted, _speedup_no_scales],
+    wrong=[_speedup_byte_ratio, _speedup_ignores_fmt_rate, _speedup_inverted, _speedup_no_scales,
+           _speedup_zero_rate_as_none],
     rtol=1e-9, atol=0.0,
 ))
 
@@ -140,10 +176,8 @@ register(Exercise(
 # ---------------------------------------------------------------------------- 10.gain_by_batch
 
 def gain_by_batch_reference(result, fmt, layer_kn):
-    """{M: baseline ms / fmt ms} over one layer's decode rows: ``kernels.bench.gain_by_batch``."""
-    from kernels.bench import gain_by_batch
-
-    return gain_by_batch(result, fmt, layer_kn)
+    """{M: baseline ms / fmt ms} over one layer's decode rows: ``course_lib.bench.gain_by_batch``."""
+    return bench.gain_by_batch(result, fmt, layer_kn)
 
 
 def _row(K, N, M, base, times, phase=None):
@@ -187,7 +221,40 @@ def _gain_cases():
              raises=ValueError),
         Case((_planted_gpu_result(), "w8a16", (1024, 4096)), label="a layer not measured",
              raises=ValueError),
+        Case((_shuffled(), "w4a16 g128", (8192, 28672)), label="rows stored out of batch order"),
+        Case((_with_time(16, "w4a16 g128", 0.0), "w4a16 g128", (8192, 28672)),
+             label="a time of 0 ms (a failed measurement)", raises=ValueError),
+        Case((_with_time(4, "bf16", float("nan")), "w4a16 g128", (8192, 28672)),
+             label="a NaN baseline time", raises=ValueError),
+        Case((_with_time(1, "w4a16 g128", None), "w4a16 g128", (8192, 28672)),
+             label="a missing time (None)", raises=ValueError),
+        Case((_duplicated(4), "w4a16 g128", (8192, 28672)), label="two rows for batch 4",
+             raises=ValueError),
     ]
+
+
+def _shuffled():
+    res = _planted_gpu_result()
+    res["layers"] = res["layers"][::-1]
+    return res
+
+
+def _with_time(M, fmt, ms):
+    res = _planted_gpu_result()
+    row = next(r for r in res["layers"] if r["M"] == M and r["N"] == 28672)
+    row["results"][fmt]["ms"] = ms
+    return res
+
+
+def _duplicated(M):
+    import copy
+
+    res = _planted_gpu_result()
+    row = next(r for r in res["layers"] if r["M"] == M and r["N"] == 28672)
+    twin = copy.deepcopy(row)
+    twin["results"]["w4a16 g128"]["ms"] *= 2
+    res["layers"].append(twin)
+    return res
 
 
 def _decode_rows(result, fmt, layer_kn, phase="decode"):
@@ -196,6 +263,24 @@ def _decode_rows(result, fmt, layer_kn, phase="decode"):
     if not rows or fmt not in rows[0]["results"]:
         raise ValueError(f"{fmt} or {layer_kn} not measured")
     return rows
+
+
+def _gain_no_time_checks(result, fmt, layer_kn):
+    """The right ratios, but no check of the times: a 0 ms raises ZeroDivisionError, a NaN or
+    None time goes through (or fails deep inside Python), a duplicated batch overwrites."""
+    return {r["M"]: r["results"][r["baseline"]]["ms"] / r["results"][fmt]["ms"]
+            for r in sorted(_decode_rows(result, fmt, layer_kn), key=lambda r: r["M"])}
+
+
+def _gain_last_row_wins(result, fmt, layer_kn):
+    """Checked the times but let a second row of the same batch replace the first."""
+    out = {}
+    for r in sorted(_decode_rows(result, fmt, layer_kn), key=lambda r: r["M"]):
+        b, t = r["results"][r["baseline"]]["ms"], r["results"][fmt]["ms"]
+        if not all(isinstance(v, float) and 0 < v < float("inf") for v in (b, t)):
+            raise ValueError("bad time")
+        out[r["M"]] = b / t
+    return out
 
 
 def _gain_inverted(result, fmt, layer_kn):
@@ -232,8 +317,10 @@ register(Exercise(
           "format is each row's speed-up measured?",
           "Keep rows with (r['K'], r['N']) == layer_kn and r['phase'] == 'decode'; each row names "
           "its baseline in r['baseline'] (bf16 on most GPUs, fp32 on a CPU); raise ValueError "
-          "when nothing matches or fmt is missing.",
+          "when nothing matches, fmt is missing, a time is not a positive finite number, or "
+          "two rows share a batch.",
           "{r['M']: r['results'][r['baseline']]['ms'] / r['results'][fmt]['ms'] for r in rows}"],
-    wrong=[_gain_inverted, _gain_vs_bf16_always, _gain_with_prefill, _gain_any_layer],
+    wrong=[_gain_inverted, _gain_vs_bf16_always, _gain_with_prefill, _gain_any_layer,
+           _gain_no_time_checks, _gain_last_row_wins],
     rtol=1e-12, atol=0.0,
 ))
