@@ -437,6 +437,85 @@ def plot_roofline(points, bandwidth_gbps: float, peak_tflops: float | None = Non
     return ax
 
 
+def nibbles_of_word(word: int) -> list[int]:
+    """The 8 nibbles of a 32-bit word, element j = bits 4j..4j+3, lowest first (lesson 09)."""
+    if isinstance(word, bool) or not isinstance(word, int) or not -2 ** 31 <= word < 2 ** 32:
+        raise ValueError(f"word must be a 32-bit integer (signed or unsigned), got {word!r}")
+    return [(word & 0xFFFFFFFF) >> (4 * j) & 0xF for j in range(8)]
+
+
+def plot_nibble_layout(word: int, ax=None):
+    """Draw a 32-bit word as its 32 bits, grouped into the 8 nibbles that hold codes 0..7
+    (element j in bits 4j..4j+3; bit 31 on the left as a register prints it). Lesson 09."""
+    import matplotlib.pyplot as plt
+
+    nib = nibbles_of_word(word)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 1.9))
+    for bit in range(32):
+        x = 31 - bit                                                    # bit 31 drawn first
+        j = bit // 4
+        ax.add_patch(plt.Rectangle((x, 0), 1, 1, fc=plt.cm.tab10(j % 10), alpha=0.35, ec="k", lw=0.5))
+        ax.text(x + 0.5, 0.5, str((nib[j] >> (bit % 4)) & 1), ha="center", va="center", fontsize=8)
+        if bit % 4 == 0:
+            ax.text(x + 0.5, -0.35, str(bit), ha="center", va="center", fontsize=7)
+    for j in range(8):
+        x = 31 - 4 * j - 3
+        ax.text(x + 2, 1.4, f"element {j}\nu = {nib[j]}", ha="center", va="center", fontsize=7)
+    ax.set_xlim(-0.5, 32.5)
+    ax.set_ylim(-0.7, 2.0)
+    ax.set_axis_off()
+    ax.set_title(f"0x{word & 0xFFFFFFFF:08X}: eight 4-bit codes, element j in bits 4j..4j+3 "
+                 f"(bit numbers below)", fontsize=9)
+    return ax
+
+
+def plot_gemv_tile(N: int, K: int, M: int, block_n: int, block_k: int, program: int = 0,
+                   step: int = 0, ax=None):
+    """One GEMV program's work (lesson 09): the weight W (N x K) cut into block_n x block_k
+    tiles, the rows ``program`` owns (for every token of the batch), the tile it loads at K
+    step ``step``, and the x tile (M x block_k) it multiplies that tile with."""
+    import matplotlib.pyplot as plt
+
+    for name, v in (("N", N), ("K", K), ("M", M), ("block_n", block_n), ("block_k", block_k)):
+        _whole(name, v)
+    n_prog, n_step = math.ceil(N / block_n), math.ceil(K / block_k)
+    _whole("program", program, 0)
+    _whole("step", step, 0)
+    if program >= n_prog or step >= n_step:
+        raise ValueError(f"program must be below {n_prog} and step below {n_step} for "
+                         f"N={N}, K={K} in {block_n} x {block_k} tiles")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4.2))
+    gap = max(K, N) * 0.08
+    ax.add_patch(plt.Rectangle((0, 0), K, N, fc="white", ec="k"))                # W (N, K)
+    for i in range(1, n_prog):
+        ax.plot([0, K], [N - i * block_n] * 2, color="0.8", lw=0.6)
+    for s_ in range(1, n_step):
+        ax.plot([s_ * block_k] * 2, [0, N], color="0.8", lw=0.6)
+    top = N - program * block_n
+    rows = min(block_n, N - program * block_n)
+    ax.add_patch(plt.Rectangle((0, top - rows), K, rows, fc="tab:blue", alpha=0.15))
+    cols = min(block_k, K - step * block_k)
+    ax.add_patch(plt.Rectangle((step * block_k, top - rows), cols, rows, fc="tab:blue", alpha=0.6))
+    xh = max(M, 1) * N / 16                                                       # x drawn above W
+    ax.add_patch(plt.Rectangle((0, N + gap), K, xh, fc="white", ec="k"))
+    ax.add_patch(plt.Rectangle((step * block_k, N + gap), cols, xh, fc="tab:orange", alpha=0.6))
+    ax.text(-gap / 4, N + gap + xh / 2, f"x: {M} tokens", ha="right", va="center", fontsize=8)
+    ax.text(-gap / 4, top - rows / 2, f"program {program}:\n{rows} outputs", ha="right",
+            va="center", fontsize=8)
+    ax.text(K / 2, -gap / 2, f"W: N = {N} outputs x K = {K} inputs; {n_prog} programs, "
+            f"{n_step} steps of {block_k} along K", ha="center", va="top", fontsize=8)
+    ax.set_xlim(-gap * 2.2, K + gap / 2)
+    ax.set_ylim(-gap * 1.5, N + gap + xh + gap / 2)
+    ax.set_aspect("auto")
+    ax.set_axis_off()
+    ax.set_title(f"One program, step {step}: a {rows} x {cols} weight tile (blue) times the "
+                 f"{M} x {cols} x tile (orange), for every token at once", fontsize=9)
+    return ax
+
+
 __all__ = ["LAYERS_8B", "LAYERS_70B", "time_gpu", "time_gpu_graph", "time_cpu", "compare_cpu", "median_ms", "linear_flops", "linear_bytes",
            "arithmetic_intensity", "achieved_gbps", "achieved_tflops", "ridge_point",
-           "roofline_tflops", "layer_floor_ms", "floor_speedup", "catalogue_gpu", "plot_roofline", "WEIGHT_BITS"]
+           "roofline_tflops", "layer_floor_ms", "floor_speedup", "catalogue_gpu", "plot_roofline", "WEIGHT_BITS",
+           "RESULTS", "gain_by_batch", "nibbles_of_word", "plot_nibble_layout", "plot_gemv_tile"]
