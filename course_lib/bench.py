@@ -437,6 +437,52 @@ def plot_roofline(points, bandwidth_gbps: float, peak_tflops: float | None = Non
     return ax
 
 
+# torch ops that launch no compute kernel: views, metadata, allocation, and the copies Triton's
+# interpreter makes of a kernel's arguments (``new_empty``/``set_``/``copy_``) on a CPU
+_NO_KERNEL_OPS = {"view", "_unsafe_view", "reshape", "detach", "alias", "as_strided", "t",
+                  "transpose", "permute", "unsqueeze", "squeeze", "expand", "slice", "select",
+                  "split", "empty", "empty_like", "empty_strided", "new_empty", "set_", "copy_",
+                  "lift_fresh", "_reshape_alias", "contiguous"}
+
+
+def count_torch_ops(fn: Callable[[], object]) -> list[str]:
+    """The torch ops that launch a kernel of their own during one call of ``fn`` (lesson 10):
+    each is one more launch on a GPU besides the Triton kernel. Views, allocations and the
+    Triton interpreter's argument copies are left out. Works on a CPU (a dispatch mode)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    _callable("fn", fn)
+    seen: list[str] = []
+
+    class _Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name not in _NO_KERNEL_OPS:
+                seen.append(name)
+            return func(*args, **(kwargs or {}))
+
+    with _Record():
+        fn()
+    return seen
+
+
+def cuda_kernels_launched(fn: Callable[[], object]) -> list[str]:
+    """Names of the CUDA kernels one call of ``fn`` launches, from torch's profiler (lesson 10:
+    which kernel a batch size runs). Needs a CUDA GPU; ``fn`` is called once untimed first."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    _callable("fn", fn)
+    if not torch.cuda.is_available():
+        raise RuntimeError("cuda_kernels_launched needs a CUDA GPU; on a CPU use count_torch_ops")
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if str(e.device_type).endswith("CUDA")]
+
+
 def nibbles_of_word(word: int) -> list[int]:
     """The 8 nibbles of a 32-bit word, element j = bits 4j..4j+3, lowest first (lesson 09)."""
     if isinstance(word, bool) or not isinstance(word, int) or not -2 ** 31 <= word < 2 ** 32:
@@ -518,4 +564,4 @@ def plot_gemv_tile(N: int, K: int, M: int, block_n: int, block_k: int, program: 
 __all__ = ["LAYERS_8B", "LAYERS_70B", "time_gpu", "time_gpu_graph", "time_cpu", "compare_cpu", "median_ms", "linear_flops", "linear_bytes",
            "arithmetic_intensity", "achieved_gbps", "achieved_tflops", "ridge_point",
            "roofline_tflops", "layer_floor_ms", "floor_speedup", "catalogue_gpu", "plot_roofline", "WEIGHT_BITS",
-           "RESULTS", "gain_by_batch", "nibbles_of_word", "plot_nibble_layout", "plot_gemv_tile"]
+           "RESULTS", "gain_by_batch", "count_torch_ops", "cuda_kernels_launched", "nibbles_of_word", "plot_nibble_layout", "plot_gemv_tile"]
