@@ -36,3 +36,11 @@ def test_widget_refuses_values_its_controls_do_not_hold():
         roofline_widget(layer="9B q_proj")
     with pytest.raises(ValueError, match="is not on the widget's slider"):
         roofline_widget(batch=3)
+
+
+def test_t4_baseline_is_fp16():
+    from course_lib.widgets import roofline
+
+    rows = roofline.roofline_rows("T4", 8192, 28672, 1)
+    assert rows[0]["format"] == "FP16" and rows[-1] == {"format": "FP8 W8A8", "native": False}
+    assert roofline.sixteen_bit("H100") == "BF16" and "FP16 TFLOPS" in roofline.roofline_html("T4", "70B gate/up_proj", 1)

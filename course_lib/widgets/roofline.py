@@ -19,14 +19,24 @@ FORMATS = [("BF16", 16, None, "bf16"), ("W8A16 (int8, per channel)", 8, "K", "bf
            ("W4A16 (int4, group 128)", 4, 128, "bf16"), ("FP8 W8A8", 8, "K", "fp8")]
 
 
+def sixteen_bit(gpu) -> str:
+    """The 16-bit format a GPU's tensor cores multiply: BF16 from compute capability 8.0
+    (Ampere), FP16 before (a T4 has no BF16). Lessons 09-10."""
+    g = hw.get_gpu(gpu)
+    return "FP16" if g.compute_capability is not None and g.compute_capability < (8, 0) else "BF16"
+
+
 def roofline_rows(gpu: str, K: int, N: int, M: int) -> list[dict]:
     """One dict per format: bytes, intensity, floor (us), bound, speed-up (lessons 09-10).
 
-    FP8 W8A8 gets ``None`` figures on a GPU without FP8 maths (it would be emulated)."""
+    FP8 W8A8 gets ``None`` figures on a GPU without FP8 maths (it would be emulated). On a GPU
+    without BF16 (a T4) the 16-bit baseline is FP16, at the same rate and bytes."""
     g = hw.get_gpu(gpu)
     bw = g.bandwidth_tbps * 1e3
+    half = sixteen_bit(g)
     rows = []
     for label, bits, gs, maths in FORMATS:
+        label = label.replace("BF16", half) if half != "BF16" else label
         group = K if gs == "K" else gs
         peak = g.native_tflops(maths)
         if peak is None:
@@ -50,7 +60,7 @@ def roofline_html(gpu: str, layer: str, M: int) -> str:
     g = hw.get_gpu(gpu)
     ridge = bench.ridge_point(g.bf16_tflops, g.bandwidth_tbps * 1e3)
     head = ("<tr><th style='text-align:left'>format</th><th>MB moved</th><th>FLOP/byte</th>"
-            "<th>floor (µs)</th><th>bound by</th><th>speed-up vs BF16</th></tr>")
+            f"<th>floor (µs)</th><th>bound by</th><th>speed-up vs {sixteen_bit(g)}</th></tr>")
     body = []
     for r in roofline_rows(gpu, K, N, M):
         if not r["native"]:
@@ -63,7 +73,7 @@ def roofline_html(gpu: str, layer: str, M: int) -> str:
                     f"<td>{r['floor_us']:,.1f}</td><td>{r['bound']}</td>"
                     f"<td><b>{r['speedup']:.2f}x</b></td></tr>")
     title = html.escape(f"{name} ({K} in x {N} out), {M} token(s), {g.name}: "
-                        f"{g.bandwidth_tbps:g} TB/s, {g.bf16_tflops:g} BF16 TFLOPS, "
+                        f"{g.bandwidth_tbps:g} TB/s, {g.bf16_tflops:g} {sixteen_bit(g)} TFLOPS, "
                         f"ridge {ridge:.0f} FLOP/byte")
     return f"<b>{title}</b><table>{head}{''.join(body)}</table>"
 
