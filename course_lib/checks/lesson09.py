@@ -108,7 +108,7 @@ def _wrong_scale_in_loop(x, w_q, scale):
 
 register(Exercise(
     id="09.w8a16_gemv",
-    title="a W8A16 GEMV kernel in Triton",
+    title="a W8A16 GEMV kernel in Triton, one program for the whole small batch",
     reference=w8a16_gemv_reference,
     cases=_gemv_cases,
     hint=["One program owns a block of outputs for every token of the batch: which tiles does "
