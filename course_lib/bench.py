@@ -445,13 +445,17 @@ _NO_KERNEL_OPS = {"view", "_unsafe_view", "reshape", "detach", "alias", "as_stri
                   "lift_fresh", "_reshape_alias", "contiguous"}
 
 
-def count_torch_ops(fn: Callable[[], object]) -> list[str]:
+def count_torch_ops(fn: Callable[[], object], warmup: bool = True) -> list[str]:
     """The torch ops that launch a kernel of their own during one call of ``fn`` (lesson 10):
     each is one more launch on a GPU besides the Triton kernel. Views, allocations and the
-    Triton interpreter's argument copies are left out. Works on a CPU (a dispatch mode)."""
+    Triton interpreter's argument copies are left out. Works on a CPU (a dispatch mode).
+    ``warmup``: call ``fn`` once first, unrecorded, so that a GPU's first-call autotuning
+    (which runs torch ops of its own) is not counted."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     _callable("fn", fn)
+    if warmup:
+        fn()
     seen: list[str] = []
 
     class _Record(TorchDispatchMode):
