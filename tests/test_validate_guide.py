@@ -49,6 +49,51 @@ def test_divergence_points_on_the_bundled_model():
         validate.divergence_points(ref_new, ref_new[:1])
 
 
+def test_mcnemar_by_hand():
+    # 10 items: the variant loses 3 the reference had and wins 1 it missed
+    ref = [1, 1, 1, 1, 1, 1, 0, 0, 1, 0]
+    var = [0, 0, 0, 1, 1, 1, 1, 0, 1, 0]
+    r = validate.mcnemar(ref, var)
+    assert (r["n"], r["b"], r["c"]) == (10, 3, 1)
+    assert r["change"] == pytest.approx(-0.2)
+    assert r["p_value"] == pytest.approx(2 * (1 + 4) / 16)                 # P(X <= 1 | 4, 1/2) x 2
+    assert validate.mcnemar(ref, ref)["p_value"] == 1.0                   # nothing discordant
+    strong = validate.mcnemar([True] * 12 + [False] * 4, [False] * 12 + [False] * 4)
+    assert strong["p_value"] == pytest.approx(2 / 2 ** 12)                # 12 flips, all one way
+    assert validate.rung_sees("task", strong["p_value"])
+    # paired vs unpaired: 8 items flip each way on 96 -> same accuracy, and the paired SE of
+    # the change is sqrt(16/96)/sqrt(96), far below sqrt(2) x the binomial SE at p = 0.5
+    a = [1] * 40 + [0] * 40 + [1] * 8 + [0] * 8
+    b = [1] * 40 + [0] * 40 + [0] * 8 + [1] * 8
+    r = validate.mcnemar(a, b)
+    assert r["change"] == 0 and r["p_value"] == 1.0
+    assert r["se_paired"] == pytest.approx((16 / 96) ** 0.5 / 96 ** 0.5)
+
+
+def test_mcnemar_refuses_bad_input():
+    with pytest.raises(ValueError, match="same items"):
+        validate.mcnemar([1, 0, 1], [1, 0])
+    with pytest.raises(ValueError, match="empty"):
+        validate.mcnemar([], [])
+    with pytest.raises(ValueError, match="True/False"):
+        validate.mcnemar([0.7, 0.2], [1, 0])                               # scores, not hits
+    with pytest.raises(TypeError, match="list of True/False"):
+        validate.mcnemar("1011", "1001")
+
+
+def test_rung_values_refused_when_out_of_range():
+    with pytest.raises(ValueError, match="fraction"):
+        validate.rung_sees("top1", 97.0, n=100)                           # a percent
+    with pytest.raises(ValueError, match=">= 0"):
+        validate.rung_sees("kl", -1e-3)
+    with pytest.raises(ValueError, match="finite"):
+        validate.rung_sees("kl", float("nan"))
+    with pytest.raises(ValueError, match="a fraction: 0.42"):
+        validate.binomial_se(42, 96)
+    with pytest.raises(ValueError, match="n_new"):
+        validate.continue_greedy(None, torch.zeros(1, 4, dtype=torch.long), 0)
+
+
 def test_binomial_se_and_rung_rules():
     assert validate.binomial_se(0.5, 100) == pytest.approx(0.05)             # sqrt(.25 / 100)
     with pytest.raises(ValueError, match="whole number"):
@@ -58,9 +103,10 @@ def test_binomial_se_and_rung_rules():
     assert validate.rung_sees("kl", 1e-3) and not validate.rung_sees("kl", 1e-8)
     assert validate.rung_sees("top1", 0.999, n=2000)          # 2 of 2,000 positions disagree
     assert not validate.rung_sees("top1", 1.0, n=2000)
-    # task: reference 0.5 on 100 items -> 2 SE = 0.1
-    assert validate.rung_sees("task", 0.38, reference=0.5, n=100)
-    assert not validate.rung_sees("task", 0.42, reference=0.5, n=100)
+    # task: the p-value of the paired test
+    assert validate.rung_sees("task", 0.01) and not validate.rung_sees("task", 0.2)
+    with pytest.raises(ValueError, match="p-value"):
+        validate.rung_sees("task", 38.0)
     assert validate.rung_sees("generation", 31.5, n_new=64)
     assert not validate.rung_sees("generation", 64, n_new=64)
     with pytest.raises(ValueError, match="unknown rung"):
