@@ -366,6 +366,104 @@ def attention(q, k, v, q_pos, kq=None, vq=None, n_quant=None):
                                           enable_gqa=True)                 # (B, H, T, hd)
 
 
+# ----------------------------------------------------------------------------- online softmax
+def _float_tensor(name: str, x, dims: int) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or x.dim() != dims:
+        raise ValueError(f"{name} must be a {dims}-D tensor; got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be floating point; got {x.dtype}")
+    if torch.isnan(x).any():
+        raise ValueError(f"{name} holds NaN")
+    return x
+
+
+def online_softmax_step(m, l, acc, s, v):
+    """One block of the decode-attention kernel's online softmax (lesson 11), in float32.
+
+    The state of the R query heads that share one KV head: ``m`` (R,) the largest score seen,
+    ``l`` (R,) the sum of exp(score - m), ``acc`` (R, hd) the sum of exp(score - m) x value.
+    A new block brings ``s`` (R, n) scores (already scaled by 1/sqrt(hd); -inf where masked)
+    and ``v`` (n, hd) the block's values, shared by the R heads. Returns the new (m, l, acc);
+    the inputs are not modified. A block whose scores are all -inf leaves the state as it was.
+    Start from m = -inf, l = 0, acc = 0; the attention output is acc / l.
+    """
+    m, l = _float_tensor("m", m, 1), _float_tensor("l", l, 1)
+    acc, s, v = _float_tensor("acc", acc, 2), _float_tensor("s", s, 2), _float_tensor("v", v, 2)
+    R, n = s.shape
+    if n == 0:
+        raise ValueError("s has no column: a block holds at least one token")
+    if not (len(m) == len(l) == acc.shape[0] == R):
+        raise ValueError(f"m {tuple(m.shape)}, l {tuple(l.shape)}, acc {tuple(acc.shape)} and "
+                         f"s {tuple(s.shape)} must agree on the number of heads R")
+    if v.shape[0] != n or v.shape[1] != acc.shape[1]:
+        raise ValueError(f"v must be (n, hd) = ({n}, {acc.shape[1]}) to match s {tuple(s.shape)} "
+                         f"and acc {tuple(acc.shape)}; got {tuple(v.shape)}")
+    m, l, acc, s, v = m.float(), l.float(), acc.float(), s.float(), v.float()
+    m_new = torch.maximum(m, s.amax(-1))                                   # (R,)
+    safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+    alpha = torch.exp(m - safe)                                            # (R,) 0 when m = -inf
+    p = torch.exp(s - safe[:, None])                                       # (R, n)
+    return m_new, l * alpha + p.sum(-1), acc * alpha[:, None] + p @ v      # (R,), (R,), (R, hd)
+
+
+def combine_splits(ms, ls, accs):
+    """Merge the states of P context slices into the attention output (lesson 11; the
+    decode kernel's combine step). ``ms``, ``ls`` (P, R), ``accs`` (P, R, hd), each slice's
+    (m, l, acc) from :func:`online_softmax_step`; a slice that saw no token has m = -inf and
+    l = 0 and counts for nothing. Returns (R, hd) float32: sum_i acc_i e^(m_i - M) /
+    sum_i l_i e^(m_i - M) with M the largest m_i."""
+    ms, ls, accs = _float_tensor("ms", ms, 2), _float_tensor("ls", ls, 2), _float_tensor("accs", accs, 3)
+    if ms.shape != ls.shape or accs.shape[:2] != ms.shape:
+        raise ValueError(f"ms {tuple(ms.shape)} and ls {tuple(ls.shape)} must be (P, R) and accs "
+                         f"(P, R, hd); got accs {tuple(accs.shape)}")
+    if ms.shape[0] == 0:
+        raise ValueError("no slice to combine: give at least one (m, l, acc)")
+    ms, ls, accs = ms.float(), ls.float(), accs.float()
+    M = ms.amax(0)                                                         # (R,)
+    if (M == float("-inf")).any():
+        raise ValueError("a head saw no token in any slice: its attention is undefined")
+    w = torch.where(ms > float("-inf"), torch.exp(ms - M), torch.zeros_like(ms))  # (P, R)
+    return (w[..., None] * accs).sum(0) / (w * ls).sum(0)[:, None]         # (R, hd)
+
+
+def decode_attention_blockwise(q, k, v, lengths, block: int = 16, split: int = 1,
+                               step=online_softmax_step, combine=combine_splits):
+    """Decode attention the way the kernel computes it, in plain torch (lesson 11): per
+    sequence and KV head, the context cut into ``split`` slices, each read ``block`` tokens at
+    a time through ``step`` (:func:`online_softmax_step`), the slices merged by ``combine``
+    (:func:`combine_splits`). q (B, H, hd); k, v (B, K, S, hd) fp; lengths (B,). Returns
+    (B, H, hd) float32. ``step`` and ``combine`` may be a learner's own."""
+    if q.dim() != 3 or k.dim() != 4 or v.shape != k.shape or q.shape[0] != k.shape[0] \
+            or q.shape[-1] != k.shape[-1] or q.shape[1] % k.shape[1]:
+        raise ValueError(f"expected q (B, H, hd) and k, v (B, K, S, hd) with K dividing H; got q "
+                         f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    for name, x in (("block", block), ("split", split)):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ValueError(f"{name} must be a whole number >= 1; got {x!r}")
+    B, H, hd = q.shape
+    K, S = k.shape[1], k.shape[2]
+    lengths = torch.as_tensor(lengths)
+    if lengths.shape != (B,) or (lengths < 1).any() or (lengths > S).any():
+        raise ValueError(f"lengths must be (B,) = ({B},) with each in 1..{S}; got {lengths.tolist()}")
+    R = H // K
+    out = torch.empty(B, H, hd)
+    for b in range(B):
+        L = int(lengths[b])
+        cuts = [round(i * L / split) for i in range(split + 1)]            # slice bounds
+        for kh in range(K):
+            qs = q[b, kh * R:(kh + 1) * R].float() / math.sqrt(hd)          # (R, hd)
+            states = []
+            for lo, hi in zip(cuts[:-1], cuts[1:]):
+                m, l, acc = torch.full((R,), float("-inf")), torch.zeros(R), torch.zeros(R, hd)
+                for j in range(lo, hi, block):
+                    kb, vb = k[b, kh, j:min(j + block, hi)].float(), v[b, kh, j:min(j + block, hi)].float()
+                    m, l, acc = step(m, l, acc, qs @ kb.T, vb)             # (R,), (R,), (R, hd)
+                states.append((m, l, acc))
+            out[b, kh * R:(kh + 1) * R] = combine(*(torch.stack(x) for x in zip(*states)))
+    return out
+
+
 # ----------------------------------------------------------------------------- the caches
 def _check_kv(config, layer, q, k):
     if k.shape[-1] != config.head_dim or q.shape[-1] != config.head_dim:
@@ -563,20 +661,45 @@ def calibrate(model, ids, window: int = 512) -> FP8Scales:
     return FP8Scales(rec.k, rec.v)
 
 
+def _check_layer(model, layer) -> int:
+    n = model.config.num_hidden_layers
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n:
+        raise ValueError(f"layer must be a whole number in 0..{n - 1} (the model has {n} layers); "
+                         f"got {layer!r}")
+    return layer
+
+
+def _check_ids(ids) -> torch.Tensor:
+    t = torch.as_tensor(ids)
+    if t.dim() != 1 or len(t) == 0:
+        raise ValueError(f"ids must be a non-empty 1-D sequence of token ids; got shape "
+                         f"{tuple(t.shape)}")
+    if t.is_floating_point() or t.dtype == torch.bool:
+        raise TypeError(f"ids must hold integer token ids; got {t.dtype}")
+    return t
+
+
 @torch.no_grad()
-def record_keys_values(model, ids, layer: int):
-    """Keys and values of one layer on ids (T,) after RoPE: (k, v) each (K, T, hd) (lesson 11's
-    outlier plot)."""
+def record_qkv(model, ids, layer: int):
+    """Queries, keys and values of one layer on ids (T,) after RoPE (lesson 11): q (H, T, hd),
+    k and v (K, T, hd)."""
+    layer, ids = _check_layer(model, layer), _check_ids(ids)
     out = {}
 
     class _Grab(_Recorder):
         def attend(self, l, q, k, v):
             if l == layer:
-                out["k"], out["v"] = k[0].float(), v[0].float()
+                out["q"], out["k"], out["v"] = q[0].float(), k[0].float(), v[0].float()
             return super().attend(l, q, k, v)
 
-    model(torch.as_tensor(ids)[None], _Grab(model.config))
-    return out["k"], out["v"]
+    model(ids[None], _Grab(model.config))
+    return out["q"], out["k"], out["v"]
+
+
+def record_keys_values(model, ids, layer: int):
+    """Keys and values of one layer on ids (T,) after RoPE: (k, v) each (K, T, hd) (lesson 11's
+    outlier plot)."""
+    return record_qkv(model, ids, layer)[1:]
 
 
 # ----------------------------------------------------------------------------- quality
