@@ -204,8 +204,19 @@ def to_bf16(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).float()
 
 
+FP16_MAX = 65504.0       # largest fp16 value: INT8 and KIVI store their scales (and minima) in fp16
+
+
+def _finite(x: torch.Tensor, what: str) -> None:
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{what} hold NaN or inf: a cache of finite keys/values is expected")
+
+
 def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x (B, K, S, hd) -> FP8 E4M3 codes of x / scale, saturating at +-448; scale (K,) or (1,)."""
+    _finite(x, "the keys/values to store in FP8")
+    if not torch.isfinite(scale).all() or (scale <= 0).any():
+        raise ValueError(f"FP8 scales must be finite and > 0 (absmax / 448); got {scale.tolist()}")
     s = scale.float().reshape(1, -1, 1, 1)                                # (1, K or 1, 1, 1)
     return (x.float() / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)  # (B, K, S, hd)
 
@@ -217,7 +228,13 @@ def dequantize_fp8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def quantize_int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (B, K, S, hd) -> (codes int8 (B, K, S, hd), scale fp16 (B, K, S)): absmax / 127 per
     token and head. The scale is rounded to fp16 first and the codes use the stored scale."""
+    _finite(x, "the keys/values to store in INT8")
     amax = x.float().abs().amax(-1)                                       # (B, K, S)
+    if (amax.detach() / 127 > FP16_MAX).any():
+        raise ValueError(f"a token holds |x| = {float(amax.max()):.4g}: its INT8 scale "
+                         f"(|x| / 127) would overflow the fp16 the scale is stored in "
+                         f"(max {FP16_MAX:g}), so |x| must stay below {FP16_MAX * 127:.4g}. A BF16 "
+                         f"cache holds such values; an INT8 cache with fp16 scales cannot")
     scale = (amax / 127).to(torch.float16)
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)        # all-zero token
     q = torch.round(x.float() / scale.float()[..., None]).clamp(-127, 127).to(torch.int8)
@@ -244,6 +261,12 @@ def minmax_quantize(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Ten
         raise ValueError("x holds NaN or inf: a cache of finite keys/values is expected")
     levels = 2 ** bits - 1
     x = x.float()
+    xd = x.detach()
+    big = float(xd.abs().max())
+    if big > FP16_MAX or float((xd.amax(-1) - xd.amin(-1)).max()) / levels > FP16_MAX:
+        raise ValueError(f"values up to |x| = {big:.4g}: the group's minimum and scale are stored "
+                         f"in fp16 (max {FP16_MAX:g}) and would overflow; a BF16 cache holds such "
+                         f"values, a KIVI cache with fp16 scales cannot")
     lo = x.amin(-1, keepdim=True).to(torch.float16)                       # (..., 1)
     hi = x.amax(-1, keepdim=True)
     scale = ((hi - lo.float()) / levels).to(torch.float16)
@@ -653,6 +676,12 @@ def calibrate(model, ids, window: int = 512) -> FP8Scales:
     and value maxima (lesson 11). Never calibrate on the text you evaluate on."""
     from course_lib import eval as ceval
 
+    ids = _check_ids(ids)
+    if len(ids) < 2:
+        raise ValueError("calibration needs at least 2 token ids (a window of 1 token and its "
+                         "next); give the calibration text, never the evaluation text")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a whole number of tokens >= 1; got {window!r}")
     rec = _Recorder(model.config)
     window = min(window, model.config.max_position_embeddings, len(ids) - 1)
     w = ceval.make_windows(ids, window)                                   # (n, W+1)
@@ -712,8 +741,12 @@ def window_scores(model, ids, formats, scales: FP8Scales | None = None,
     log-likelihood, KL(bf16 cache || format) in nats and top-1 agreement with the bf16 cache,
     per position. ``window``: KIVI's recent window (None: 128).
     """
-    ids = torch.as_tensor(ids)
+    ids = _check_ids(ids)
     T = ids.numel() - 1
+    if T < 1:
+        raise ValueError("ids must hold at least 2 tokens: one to read, one to predict")
+    if not formats:
+        raise ValueError(f"formats is empty: name at least one of {', '.join(FORMAT_NAMES)}")
     if T > model.config.max_position_embeddings:
         raise ValueError(f"a window of {T} tokens is past the model's context of "
                          f"{model.config.max_position_embeddings}; use a shorter context")
