@@ -483,6 +483,9 @@ def loaded_weights_gib(params: float, bits: float, kept_16bit_params: float = 0.
     """GiB an engine's "model loading" log line reports: ``kept_16bit_params`` in BF16, the
     rest at ``bits`` per weight (lesson 12)."""
     params = _check_params(params)
+    if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not 0 < bits <= 32:
+        raise ValueError(f"bits is the bits per weight of the quantized part, in (0, 32] (8 for "
+                         f"FP8, 4.125 for INT4 g128); got {bits!r}")
     if not 0 <= kept_16bit_params <= params:
         raise ValueError("kept_16bit_params must be between 0 and params")
     return ((params - kept_16bit_params) * bits / 8 + kept_16bit_params * 2) / hw.GIB

@@ -300,3 +300,28 @@ def test_decision_widget_updates_and_takes_a_rule():
     assert "W8A16" in box.result.value
     mine = decision_widget(rule=lambda limit, gpu, params, batch, context: ("bf16", "bf16"))
     assert "BF16, not quantized" in mine.result.value
+
+
+def test_task_hits_are_the_items_of_completion_accuracy():
+    from course_lib import data, eval as ceval
+    from course_lib.model import load_pretrained
+    model, text = load_pretrained(), data.heldout_text()
+    hits = validate.task_hits(model, text, n=8)
+    assert len(hits) == 8 and all(isinstance(h, bool) for h in hits)
+    assert sum(hits) / 8 == ceval.completion_accuracy(model, text, n=8)
+    assert validate.mcnemar(hits, hits)["p_value"] == 1.0
+
+
+def test_guide_refuses_bad_input():
+    with pytest.raises(ValueError, match="batch must be a whole number"):
+        guide.recommend("decode", "H100", 8e9, {}, batch=-2)
+    with pytest.raises(ValueError, match="context must be a whole number"):
+        guide.choose_kv_cache("decode", 8e9, 1, 0)
+    with pytest.raises(ValueError, match="unknown limit"):
+        guide.choose_kv_cache("latency", 8e9)
+    with pytest.raises(ValueError, match="parameter count"):
+        guide.kv_bytes_per_token_for(0)
+    with pytest.raises(ValueError, match="bits per weight"):
+        guide.loaded_weights_gib(8e9, 0)
+    with pytest.raises(ValueError, match="bits per weight"):
+        guide.loaded_weights_gib(8e9, 800)                                # bits, not a percent
