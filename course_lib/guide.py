@@ -92,6 +92,15 @@ def best_swept(results: dict, kernel: str = "w4a16") -> tuple[str, dict] | tuple
     return None, None
 
 
+def swept_activation_prep_ms(results: dict, sweep_name: str, shape: str) -> float | None:
+    """The W4A16 activation preparation timed alone in a launch-plan sweep (lesson 10), in ms,
+    at the named shape; the sweep's W4A16 times include it. None when not recorded."""
+    for sh in results.get(sweep_name, {}).get("shapes", []):
+        if sh.get("shape") == shape:
+            return sh.get("w4a16_activation_prep_ms")
+    return None
+
+
 def _methods_row(results, model, method, bits, group_size):
     data = results.get(f"methods_{model}.json")
     for r in (data or {}).get("rows", []):
@@ -228,22 +237,67 @@ def _check_params(params) -> float:
     return float(params)
 
 
-#: The share of a GPU's usable memory the decision rule lets the weights take.
-WEIGHT_SHARE = 0.5
+def _check_count(name: str, value, example: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a whole number >= 1 ({example}); got {value!r}")
+    return value
 
 
-def choose_scheme(limit: str, gpu: str, params: float) -> str:
-    """The weight scheme for what limits you, on one GPU of the catalogue (lesson 12).
+#: The catalogue models whose KV shapes the rule assumes for a model of a given size.
+KV_SHAPE_MODELS = ("Llama 3.1 8B", "Llama 3.1 70B", "Llama 3.1 405B")
 
-    "Room" means the weights take at most :data:`WEIGHT_SHARE` (half) of the memory an
-    engine may use on one GPU (``gpu.usable_gb()``, 90% of it), leaving the rest for the KV
-    cache: fitting is not serving (lesson 00).
 
-    - ``accuracy``: no quantization ("bf16") when BF16 weights have room; otherwise "w8a16"
-      (the closest to the reference the course measured);
-    - ``memory``: 8 bits when 8-bit weights have room ("fp8_w8a8" where FP8 maths is
-      native, else "w8a16"); otherwise "w4a16";
-    - ``decode`` (one user's tokens/s, memory-bound): "w4a16", the fewest bytes per token;
+def kv_bytes_per_token_for(params: float) -> float:
+    """BF16 KV-cache bytes per token assumed for a model of ``params`` parameters: those of
+    the Llama 3.1 model nearest in size (on a log scale), 8B below about 24B parameters,
+    70B up to about 169B, 405B above (lesson 12). 8.03e9 -> 131,072; 70.6e9 -> 327,680.
+    A model with its own config should use ``hw.kv_bytes_per_token_from_config`` instead."""
+    params = _check_params(params)
+    nearest = min(KV_SHAPE_MODELS, key=lambda m: abs(math.log(hw.get_model(m).params / params)))
+    return hw.model_kv_bytes_per_token(nearest, "bf16")
+
+
+#: An FP8 KV cache is advised when the BF16 cache of the whole batch weighs at least this
+#: share of the model's BF16 weights: then halving the cache saves at least 10% of the
+#: bytes a BF16 decode step reads (0.5 x 0.25 / 1.25), more with quantized weights.
+KV_FP8_SHARE = 0.25
+
+
+def choose_kv_cache(limit: str, params: float, batch: int = 1, context: int = 4096) -> str:
+    """The KV-cache format for ``batch`` conversations of ``context`` tokens (lesson 12):
+    "fp8" when the BF16 cache weighs at least :data:`KV_FP8_SHARE` of the BF16 weights and
+    the limit is not accuracy (lesson 11 measured an FP8 cache's small but real KL), else
+    "bf16". Long contexts and large batches make the cache the bigger read (lesson 11)."""
+    if limit not in LIMITS:
+        raise ValueError(f"unknown limit {limit!r}; choose one of {', '.join(LIMITS)}")
+    params = _check_params(params)
+    batch = _check_count("batch", batch, "the number of conversations decoded together, e.g. 8")
+    context = _check_count("context", context, "tokens per conversation, e.g. 4096")
+    cache_gb = batch * context * kv_bytes_per_token_for(params) / hw.GB
+    if limit != "accuracy" and cache_gb >= KV_FP8_SHARE * params * 2 / hw.GB:
+        return "fp8"
+    return "bf16"
+
+
+def choose_scheme(limit: str, gpu: str, params: float, batch: int = 1,
+                  context: int = 4096) -> tuple[str, str]:
+    """(weight scheme, KV-cache format) for what limits you, on one GPU of the catalogue, for
+    ``batch`` conversations of ``context`` tokens (lesson 12).
+
+    The KV format is :func:`choose_kv_cache`'s. Weights have *room* in a format when they,
+    the KV cache of the whole batch (in that KV format, :func:`kv_bytes_per_token_for`) and
+    the engine's workspace (``hw.DEFAULT_WORKSPACE_GB``) fit the memory an engine may use
+    (``gpu.usable_gb()``, 90%): fitting the weights alone is not serving (lesson 00).
+
+    - ``accuracy``: "bf16" when BF16 weights have room, otherwise "w8a16" (the closest to
+      the reference the course measured);
+    - ``memory``: 8 bits when 8-bit weights have room ("fp8_w8a8" where FP8 maths is native,
+      else "w8a16"), otherwise "w4a16";
+    - ``decode`` (tokens/s of a batch of at most a few dozen users, memory-bound): "w4a16"
+      when 8-bit weights have no room; otherwise the course's measurement decides, not the
+      byte count: on the H200 its W8A8 kernels ran the 70B-sized layer 1.68x faster than
+      BF16 at batch 1 (1.62x at 16) while its W4A16 kernel ran 0.62x (0.87x): "fp8_w8a8"
+      where FP8 maths is native, else "int8_w8a8" where INT8 is, else "w8a16";
     - ``prefill`` (long prompts, big batches: compute-bound): "fp8_w8a8" where FP8 maths is
       native, else "int8_w8a8" where INT8 maths is, else "bf16".
     """
@@ -251,48 +305,83 @@ def choose_scheme(limit: str, gpu: str, params: float) -> str:
         raise ValueError(f"unknown limit {limit!r}; choose one of {', '.join(LIMITS)}")
     g = hw.get_gpu(gpu)
     params = _check_params(params)
+    kv_cache = choose_kv_cache(limit, params, batch, context)
     fp8 = g.native_tflops("fp8") is not None
     int8 = g.native_tflops("int8") is not None
-    room_gb = WEIGHT_SHARE * g.usable_gb()                # the rest is for the KV cache
+    cache_gb = batch * context * kv_bytes_per_token_for(params) / hw.GB / (2 if kv_cache == "fp8" else 1)
+    room_gb = g.usable_gb() - hw.DEFAULT_WORKSPACE_GB - cache_gb    # what the weights may take
     if limit == "accuracy":
-        return "bf16" if params * 2 / hw.GB <= room_gb else "w8a16"
+        return ("bf16" if params * 2 / hw.GB <= room_gb else "w8a16"), kv_cache
     if limit == "memory":
         if params * 1 / hw.GB <= room_gb:
-            return "fp8_w8a8" if fp8 else "w8a16"
-        return "w4a16"
+            return ("fp8_w8a8" if fp8 else "w8a16"), kv_cache
+        return "w4a16", kv_cache
     if limit == "decode":
-        return "w4a16"
-    return "fp8_w8a8" if fp8 else ("int8_w8a8" if int8 else "bf16")
+        if params * 1 / hw.GB > room_gb:
+            return "w4a16", kv_cache
+        return ("fp8_w8a8" if fp8 else "int8_w8a8" if int8 else "w8a16"), kv_cache
+    return ("fp8_w8a8" if fp8 else ("int8_w8a8" if int8 else "bf16")), kv_cache
 
 
 def _fmt_x(v) -> str:
     return "not measured" if v is None else f"{v:.2f}x BF16"
 
 
-def recommend(limit: str, gpu: str, params: float, results: dict | None = None,
-              rule=choose_scheme) -> dict:
-    """``rule``'s scheme with the reasons and the measured evidence behind it (lesson 12's
-    decision widget). Evidence is read from ``results`` (default: the course's results/).
+def _rule_answer(answer) -> tuple[str, str]:
+    if (not isinstance(answer, (tuple, list)) or len(answer) != 2
+            or answer[0] not in SCHEMES or answer[1] not in ("bf16", "fp8")):
+        raise ValueError(f"the rule must return (weight scheme, kv cache) with a scheme among "
+                         f"{', '.join(SCHEMES)} and a cache 'bf16' or 'fp8'; it returned {answer!r}")
+    return answer[0], answer[1]
 
-    Returns {scheme, description, weights_gb, kv_cache, reasons: [...], evidence: [...]}.
+
+#: The batch sizes the GPU benchmark measured at decode (rows with M = 1 and M = 16).
+DECODE_BATCHES = (1, 16)
+
+
+def decode_evidence(bench: dict | None, batch: int) -> dict[str, float] | None:
+    """The course's measured decode speed-ups over BF16 at the 70B-sized layer
+    (:data:`DECODE_SHAPE`) for the measured batch nearest ``batch`` (1 or 16), per kernel
+    label, or None without a GPU benchmark (lesson 12)."""
+    if not bench:
+        return None
+    m = min(DECODE_BATCHES, key=lambda b: abs(math.log(b / batch)))
+    shape = (DECODE_SHAPE[0], DECODE_SHAPE[1], m)
+    out = {label: bench_ratio(bench, label, shape) for label in
+           ("w8a16", "w4a16 g128", "fp8 w8a8", "int8 w8a8")}
+    return {"batch": m, **{k: v for k, v in out.items() if v is not None}}
+
+
+def recommend(limit: str, gpu: str, params: float, results: dict | None = None,
+              rule=choose_scheme, batch: int = 1, context: int = 4096) -> dict:
+    """``rule``'s (scheme, KV cache) with the reasons and the measured evidence behind it
+    (lesson 12's decision widget). Evidence is read from ``results`` (default: the course's
+    results/). ``rule`` takes (limit, gpu, params, batch, context).
+
+    Returns {scheme, description, weights_gb, kv_cache, kv_gb, reasons: [...], evidence: [...]}.
     """
     results = load_results() if results is None else results
     g = hw.get_gpu(gpu)
     params = _check_params(params)
-    scheme = rule(limit, gpu, params)
-    if scheme not in SCHEMES:
-        raise ValueError(f"the rule returned {scheme!r}; known schemes: {', '.join(SCHEMES)}")
+    batch = _check_count("batch", batch, "the number of conversations decoded together, e.g. 8")
+    context = _check_count("context", context, "tokens per conversation, e.g. 4096")
+    scheme, kv_cache = _rule_answer(rule(limit, gpu, params, batch, context))
     rows = summary_rows(results, "smollm2")
     bench_name, bench = gpu_bench(results)
     fp8 = g.native_tflops("fp8") is not None
     bits = {"bf16": 16, "w8a16": 8, "fp8_w8a8": 8, "int8_w8a8": 8, "w4a16": hw.bits_per_weight("int4_g128")}
     w_gb = params * bits[scheme] / 8 / hw.GB
-    room = WEIGHT_SHARE * g.usable_gb()
+    kv16_gb = batch * context * kv_bytes_per_token_for(params) / hw.GB
+    kv_gb = kv16_gb / (2 if kv_cache == "fp8" else 1)
+    need = w_gb + kv_gb + hw.DEFAULT_WORKSPACE_GB
     reasons = [f"{g.name} ({g.arch}): FP8 maths {'native' if fp8 else 'NOT native'}; "
-               f"{g.memory_gb:g} GB, {g.usable_gb():.0f} usable, of which the rule gives the "
-               f"weights {room:.0f} GB and keeps the rest for the KV cache",
-               f"the weights take {w_gb:.1f} GB in this scheme ({params * 2 / hw.GB:.1f} GB in "
-               f"BF16){'' if w_gb <= room else ': more than that share of one GPU, so split them over several GPUs (tensor parallelism)'}"]
+               f"{g.memory_gb:g} GB, {g.usable_gb():.0f} usable by an engine",
+               f"{batch} conversation(s) of {context:,} tokens: a KV cache of {kv_gb:.1f} GB in "
+               f"{kv_cache.upper()} (the KV shape of the nearest Llama 3.1), weights {w_gb:.1f} GB "
+               f"({params * 2 / hw.GB:.1f} GB in BF16), workspace {hw.DEFAULT_WORKSPACE_GB:g} GB: "
+               f"{need:.1f} GB" + ("" if need <= g.usable_gb() else
+                                   ": more than one GPU holds, so split the model over several "
+                                   "GPUs (tensor parallelism) or serve fewer, shorter conversations")]
     evidence = []
 
     def ev(label_start, what):
@@ -303,6 +392,9 @@ def recommend(limit: str, gpu: str, params: float, results: dict | None = None,
         evidence.append(f"{what}: {r['label']} on SmolLM2-135M: KL {r['kl']:.4f}, top-1 "
                         f"{r['top1']:.1%} ({r['source']})")
 
+    measured = decode_evidence(bench, batch)
+    rebuild = ("measured with the course's first kernels: the weight-only kernels are being "
+               "rebuilt for bandwidth (lesson 10), so rerun the benchmark on your GPU")
     if scheme == "bf16":
         reasons.append("nothing to gain that is worth any risk: BF16 fits, keep it (and keep it "
                        "as the rollback whatever you deploy)" if limit == "accuracy" else
@@ -313,50 +405,69 @@ def recommend(limit: str, gpu: str, params: float, results: dict | None = None,
         reasons.append("8-bit weights, 16-bit maths: half the bytes of BF16, the smallest "
                        "quality loss the course measured for any quantized scheme")
         ev("W8A16", "closest measured")
-    if scheme == "fp8_w8a8":
-        reasons.append("FP8 weights AND activations: half the bytes, and the maths runs on "
-                       "FP8 tensor cores at twice the BF16 rate, so prefill speeds up too")
-        ev("W8A8 FP8", "quality")
+    if scheme in ("fp8_w8a8", "int8_w8a8"):
+        kind = "FP8" if scheme == "fp8_w8a8" else "INT8"
+        reasons.append(f"{kind} weights AND activations: half the bytes, and the maths runs on "
+                       f"{kind} tensor cores at twice the BF16 rate, so prefill speeds up too")
+        if scheme == "int8_w8a8":
+            reasons.append("no FP8 maths here; activation outliers need SmoothQuant (or "
+                           "per-token scales) for INT8")
+            ev("W8A8 INT8 dynamic", "with smoothing")
+            ev("W8A8 INT8 static", "without smoothing")
+        else:
+            ev("W8A8 FP8", "quality")
+        label = "fp8 w8a8" if scheme == "fp8_w8a8" else "int8 w8a8"
         evidence.append(f"speed on {bench_name}: prefill "
-                        f"{_fmt_x(bench_ratio(bench, 'fp8 w8a8', PREFILL_SHAPE))}, decode batch 1 "
-                        f"{_fmt_x(bench_ratio(bench, 'fp8 w8a8', DECODE_SHAPE))}")
-    if scheme == "int8_w8a8":
-        reasons.append("no FP8 maths here, but INT8 tensor cores run at twice the BF16 rate; "
-                       "activation outliers need SmoothQuant (or per-token scales)")
-        ev("W8A8 INT8 dynamic", "with smoothing")
-        ev("W8A8 INT8 static", "without smoothing")
-        evidence.append(f"speed on {bench_name}: prefill "
-                        f"{_fmt_x(bench_ratio(bench, 'int8 w8a8', PREFILL_SHAPE))}")
+                        f"{_fmt_x(bench_ratio(bench, label, PREFILL_SHAPE))}, decode batch 1 "
+                        f"{_fmt_x(bench_ratio(bench, label, DECODE_SHAPE))} (70B-sized layer)")
+    if limit == "decode" and measured:
+        evidence.append(f"decode at batch {measured['batch']} on {bench_name}, 70B-sized layer: "
+                        + ", ".join(f"{k} {v:.2f}x" for k, v in measured.items() if k != "batch")
+                        + f" BF16; {rebuild}")
+        if scheme != "w4a16":
+            reasons.append("decode speed follows the course's measurement, not the byte count: "
+                           "its W8A8 kernels beat BF16 at decode while its 4-bit kernel did not")
     if scheme == "w4a16":
         reasons.append("4-bit weights with group-128 scales: 4.125 bits per weight, about a "
                        "quarter of BF16's bytes; GPTQ or AWQ, not round-to-nearest")
-        reasons.append("the gain needs a tuned dequantizing kernel (vLLM's Marlin-style kernels):"
-                       " measure; prefill still runs in 16-bit and gains nothing")
+        if limit == "decode":
+            reasons.append("chosen because 8-bit weights leave no room for the batch's cache: "
+                           "the fit comes first")
+        reasons.append("the gain needs a tuned dequantizing kernel (Marlin-style, in vLLM; "
+                       "Q4_K_M in llama.cpp): measure; prefill still runs in 16-bit maths")
         ev("W4A16 INT4 g32, round", "round-to-nearest")
         ev("W4A16 INT4 g32, GPTQ", "GPTQ")
         evidence.append(f"the course's own Triton W4A16 kernel on {bench_name}: decode batch 1 "
                         f"{_fmt_x(bench_ratio(bench, 'w4a16 g128', DECODE_SHAPE))}, prefill "
                         f"{_fmt_x(bench_ratio(bench, 'w4a16 g128', PREFILL_SHAPE))}: bytes saved "
-                        f"are not speed until the kernel is good")
+                        f"are not speed until the kernel is good ({rebuild})")
         sweep_name, best = best_swept(results, "w4a16")
         if best is not None:
+            prep = swept_activation_prep_ms(results, sweep_name, best.get("shape"))
+            prep_txt = "" if prep is None else f" ({prep * 1e3:.0f} us, timed separately)"
             evidence.append(f"the best of the launch plans swept for it ({sweep_name}): "
-                            f"{_fmt_x(best['speedup_vs_bf16'])}: the kernel's instruction count, "
-                            f"not its block sizes, is the limit (lesson 10)")
+                            f"{_fmt_x(best['speedup_vs_bf16'])}; those times include the "
+                            f"activation preparation{prep_txt}, so the sweep does not isolate "
+                            f"the kernel (lesson 10)")
     if params < 3e9 and scheme in ("w4a16", "int8_w8a8"):
         reasons.append("a small model: small models lose more to quantization than large ones "
                        "(the evidence below is a 135M model): validate with care")
-    kv_cache = "bf16"
-    if limit in ("memory", "prefill"):
-        kv_cache = "fp8"
-        reasons.append("add --kv-cache-dtype fp8: half the cache bytes, twice the tokens that "
-                       "fit (lesson 11)")
+    if kv_cache == "fp8":
+        reasons.append(f"--kv-cache-dtype fp8: the batch's BF16 cache ({kv16_gb:.1f} GB) weighs at "
+                       f"least {KV_FP8_SHARE:.0%} of the BF16 weights, so halving it saves at "
+                       f"least a tenth of each decode step's reads and doubles the tokens that "
+                       f"fit (lesson 11); give the engine calibrated scales (without them vLLM "
+                       f"uses 1.0)")
         ev("KV cache FP8", "FP8 cache, 4,096 tokens")
+    else:
+        reasons.append("KV cache in BF16: " + ("quality first" if limit == "accuracy" else
+                       f"at {batch} x {context:,} tokens the cache ({kv16_gb:.1f} GB) is a small "
+                       f"share of the step; an FP8 cache pays at long contexts and large batches"))
     if g.native_tflops("fp4") is not None:
         reasons.append("this GPU has FP4 tensor cores: NVFP4 (W4A4) makes 4-bit fast for "
                        "prefill too; validate its accuracy like any other scheme")
     return {"scheme": scheme, "description": SCHEMES[scheme], "weights_gb": w_gb,
-            "kv_cache": kv_cache, "reasons": reasons, "evidence": evidence}
+            "kv_cache": kv_cache, "kv_gb": kv_gb, "reasons": reasons, "evidence": evidence}
 
 
 # ---------------------------------------------------------------------------------------
@@ -372,58 +483,120 @@ def loaded_weights_gib(params: float, bits: float, kept_16bit_params: float = 0.
     """GiB an engine's "model loading" log line reports: ``kept_16bit_params`` in BF16, the
     rest at ``bits`` per weight (lesson 12)."""
     params = _check_params(params)
+    if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not 0 < bits <= 32:
+        raise ValueError(f"bits is the bits per weight of the quantized part, in (0, 32] (8 for "
+                         f"FP8, 4.125 for INT4 g128); got {bits!r}")
     if not 0 <= kept_16bit_params <= params:
         raise ValueError("kept_16bit_params must be between 0 and params")
     return ((params - kept_16bit_params) * bits / 8 + kept_16bit_params * 2) / hw.GIB
 
 
+#: Bits per value of llama.cpp's Q8_0 blocks (32 codes of 8 bits and one fp16 scale), the
+#: format of its ``-ctk q8_0 -ctv q8_0`` cache and of its Q8_0 weight files.
+Q8_0_BITS = hw.bits_with_scales(8, 32)
+
+#: The serving commands (shown, never run here; lesson 13 runs llama.cpp on the learner's own
+#: GPTQ model). Each: engine, command, what it changes, the log line that shows it.
 SERVING = [
-    {"command": "vllm serve meta-llama/Llama-3.1-8B-Instruct --quantization fp8",
+    {"engine": "vLLM",
+     "command": "vllm serve meta-llama/Llama-3.1-8B-Instruct --quantization fp8",
      "changes": "BF16 weights are quantized to FP8 as they load (one scale per tensor, "
                 "activation scales computed on the fly): FP8 W8A8 with no calibration and no "
                 "new checkpoint. Where FP8 maths is not native (an A100) it runs weight-only.",
      "look_for": "the model-loading line: about half the BF16 GiB"},
-    {"command": "vllm serve RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8 --kv-cache-dtype fp8",
-     "changes": "the KV cache is stored in FP8: half the bytes per token, so about twice "
-                "the tokens fit; the weights' scheme is unchanged.",
+    {"engine": "vLLM",
+     "command": "vllm serve RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8",
+     "changes": "a pre-quantized FP8 W8A8 checkpoint with STATIC scales: its config.json gives "
+                "the weights and the activations one scale per tensor each, calibrated offline "
+                "(input_activations: dynamic false, strategy tensor). Nothing is computed per "
+                "token at run time.",
+     "look_for": "the model-loading line (about 8.5 GiB for the 8B model)"},
+    {"engine": "vLLM",
+     "command": "vllm serve RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8-dynamic "
+                "--kv-cache-dtype fp8",
+     "changes": "the -FP8-dynamic checkpoint: weights with one scale per output channel, "
+                "activations scaled per token at run time (dynamic, lesson 08). The flag stores "
+                "the KV cache in FP8: half the bytes per token, about twice the tokens fit. This "
+                "checkpoint carries no KV scales, and then vLLM uses a scale of 1.0 for keys and "
+                "values (fine while they stay within E4M3's range, lossy for outlier channels; "
+                "lesson 11 calibrates them): a checkpoint with calibrated k/v scales, or "
+                "--calculate-kv-scales, does better.",
      "look_for": "'GPU KV cache size: N tokens' and 'Maximum concurrency for ... tokens per "
                  "request': N roughly doubles"},
-    {"command": "vllm serve RedHatAI/Meta-Llama-3.1-70B-Instruct-quantized.w4a16 "
-                "--max-model-len 16384",
-     "changes": "a pre-quantized checkpoint (GPTQ/AWQ, or compressed-tensors as llm-compressor "
-                "writes it): config.json declares its own scheme, so no --quantization flag; "
-                "W4A16 runs through a dequantizing kernel.",
+    {"engine": "vLLM",
+     "command": "vllm serve RedHatAI/Meta-Llama-3.1-70B-Instruct-quantized.w4a16 "
+                "--gpu-memory-utilization 0.85",
+     "changes": "a pre-quantized W4A16 checkpoint (compressed-tensors, as llm-compressor and the "
+                "course's own export write it): config.json declares the scheme, so no "
+                "--quantization flag; the weights go through a dequantizing kernel (Marlin on "
+                "NVIDIA). The flag keeps 15% of the GPU back instead of 10%.",
      "look_for": "the quantization method the engine reports, and the model-loading GiB"},
-    {"command": "vllm serve RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8",
-     "changes": "a pre-quantized FP8 W8A8 checkpoint: weight scales in the file, activations "
-                "scaled per token at run time.",
-     "look_for": "the model-loading line (about 8.5 GiB for the 8B model)"},
+    {"engine": "SGLang",
+     "command": "python -m sglang.launch_server --model-path "
+                "RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8-dynamic --kv-cache-dtype fp8_e4m3",
+     "changes": "the same checkpoint in SGLang, which also reads the scheme from config.json; "
+                "its flag names the FP8 variant of the cache explicitly (E4M3: 3 mantissa bits; "
+                "fp8_e5m2 is the other choice, more range and less precision): half the cache "
+                "bytes, so about twice the tokens in the pool.",
+     "look_for": "the start-up line that reports the KV-cache pool ('KV Cache is allocated. "
+                 "#tokens: N'): N roughly doubles"},
+    {"engine": "llama.cpp",
+     "command": "llama-server -m SmolLM2-135M-Instruct-Q4_K_M.gguf -c 8192 -fa on "
+                "-ctk q8_0 -ctv q8_0",
+     "changes": "weights from a GGUF file in Q4_K_M (4-bit k-quant blocks, each with its own "
+                "scales, a few tensors kept at higher precision); -ctk/-ctv store keys and "
+                f"values in Q8_0 blocks ({Q8_0_BITS:g} bits per value instead of 16) and need "
+                "flash attention (-fa on; older builds take a bare -fa), without which the "
+                "quantized V cache is refused. -c sets the context the cache is sized for.",
+     "look_for": "the KV-cache line at start-up, which names K (q8_0) and V (q8_0) and their MiB"},
+    {"engine": "llama.cpp",
+     "command": "llama-cli -m SmolLM2-135M-Instruct-Q8_0.gguf -n 64 -p 'def fibonacci(n):'",
+     "changes": f"weights in Q8_0 ({Q8_0_BITS:g} bits per weight), the cache left in F16 (the "
+                "default): lesson 13 writes such files from the course's own models and runs "
+                "them, the GPTQ model included.",
+     "look_for": "the model-loading lines: file type Q8_0 and the model's size in MiB"},
 ]
 
+#: A W4A16 GPTQ recipe for SmolLM2-135M with llm-compressor (shown, not run: llm-compressor
+#: pins older transformers than this course's environment). Written for this course.
 LLM_COMPRESSOR_RECIPE = '''\
-from transformers import AutoModelForCausalLM, AutoTokenizer
+# W4A16 with GPTQ for SmolLM2-135M, as llm-compressor runs it (this course's example).
+import datasets
+import transformers
 from llmcompressor import oneshot
-from llmcompressor.modifiers.quantization import QuantizationModifier
 
-model_id = "meta-llama/Llama-3.1-8B-Instruct"
-model = AutoModelForCausalLM.from_pretrained(model_id, device_map="auto", dtype="auto")
-tok = AutoTokenizer.from_pretrained(model_id)
+RECIPE = """
+quant_stage:
+  quant_modifiers:
+    GPTQModifier:
+      targets: ["Linear"]
+      ignore: ["lm_head"]       # the output head stays 16-bit (lesson 04)
+      scheme: "W4A16"           # INT4 weights, one scale per group of 128
+      dampening_frac: 0.01      # lesson 06's damping, as a share of the mean diagonal
+"""
 
-# FP8 weights, dynamic FP8 activations; keep the output layer in 16-bit
-recipe = QuantizationModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=["lm_head"])
-oneshot(model=model, recipe=recipe)
+repo = "HuggingFaceTB/SmolLM2-135M"
+lm = transformers.AutoModelForCausalLM.from_pretrained(repo, torch_dtype="bfloat16")
+tokenizer = transformers.AutoTokenizer.from_pretrained(repo)
+calib = datasets.load_dataset("wikitext", "wikitext-2-raw-v1", split="train[:2000]")
+calib = calib.filter(lambda row: len(row["text"]) > 300)    # whole paragraphs only
 
-model.save_pretrained("Llama-3.1-8B-Instruct-FP8")
-tok.save_pretrained("Llama-3.1-8B-Instruct-FP8")
+oneshot(model=lm, tokenizer=tokenizer, dataset=calib, recipe=RECIPE,
+        max_seq_length=512, num_calibration_samples=256,
+        output_dir="SmolLM2-135M-W4A16-GPTQ")                # compressed-tensors, for vLLM
 '''
 
 
 def serving_text() -> str:
     """The serving commands with what each changes and which log line shows it (lesson 12)."""
+    import textwrap
     out = []
     for s in SERVING:
-        out += [f"$ {s['command']}", f"    changes:  {s['changes']}",
-                f"    look for: {s['look_for']}", ""]
+        out += [f"[{s['engine']}] $ {s['command']}",
+                textwrap.fill(s["changes"], 92, initial_indent="    changes:  ",
+                              subsequent_indent=" " * 14),
+                textwrap.fill(s["look_for"], 92, initial_indent="    look for: ",
+                              subsequent_indent=" " * 14), ""]
     return "\n".join(out)
 
 
@@ -433,20 +606,21 @@ def serving_text() -> str:
 
 QUIZ = {
     "q1": ("A 4-bit weight-only (W4A16) checkpoint will make 4,000-token prompts faster on "
-           "an H100.", {"a": "yes: a quarter of the bytes", "b": "no: prefill is compute-bound "
-           "and W4A16 does its maths in 16-bit", "c": "yes, but only with FP8 activations"}, "b"),
-    "q2": ("An NVFP4 checkpoint on an H100 ...", {"a": "runs FP4 maths at twice the FP8 rate",
-           "b": "cannot be loaded at all", "c": "saves memory, but its maths is unpacked to "
-           "16-bit: no FP4 tensor cores before Blackwell"}, "c"),
+           "an H100.", {"a": "yes: a quarter of the bytes", "b": "yes, but only with FP8 "
+           "activations", "c": "no: prefill is compute-bound and W4A16 does its maths in "
+           "16-bit"}, "c"),
+    "q2": ("An NVFP4 checkpoint on an H100 ...", {"a": "saves memory, but its maths is unpacked "
+           "to 16-bit: no FP4 tensor cores before Blackwell", "b": "runs FP4 maths at twice the "
+           "FP8 rate", "c": "cannot be loaded at all"}, "a"),
     "q3": ("Perplexity moved by under 1%. The 4-bit model is ...", {"a": "fine: ship it",
            "b": "not yet validated: check KL/top-1, your tasks and long generations",
            "c": "certainly broken"}, "b"),
     "q4": ("'4-bit' Llama 3.1 70B with group-128 scales takes ...", {"a": "35.3 GB (4 bits "
-           "exactly)", "b": "about 36.4 GB: scales add 0.125 bits per weight", "c": "70.6 GB"},
-           "b"),
+           "exactly)", "b": "70.6 GB", "c": "about 36.4 GB: scales add 0.125 bits per weight"},
+           "c"),
     "q5": ("To save memory, quantize the output head and embeddings to 4 bits too?",
-           {"a": "yes: every byte counts", "b": "no: they are sensitive and a small share of "
-            "a large model's weights; tools keep them in 16-bit"}, "b"),
+           {"a": "no: they are sensitive and a small share of a large model's weights; tools "
+            "keep them in 16-bit", "b": "yes: every byte counts"}, "a"),
     "q6": ("The 70B model's FP8 weights fit in 80 GB with 9 GB to spare, so it is servable "
            "on one H100.", {"a": "yes", "b": "no: weights + workspace + the users' KV cache "
            "must fit"}, "b"),
@@ -460,7 +634,9 @@ def quiz_answer(question: str) -> str:
     return QUIZ[question][2]
 
 
-__all__ = ["RESULTS_DIR", "MODELS", "LIMITS", "SCHEMES", "WEIGHT_SHARE", "load_results", "newest_bench", "gpu_bench",
+__all__ = ["RESULTS_DIR", "MODELS", "LIMITS", "SCHEMES", "load_results", "newest_bench", "gpu_bench",
            "bench_ratio", "decode_ratio", "best_swept", "summary_rows", "find_row", "format_summary",
-           "support_rows", "format_support", "choose_scheme", "recommend", "loaded_weights_gib",
-           "SERVING", "LLM_COMPRESSOR_RECIPE", "serving_text", "QUIZ", "quiz_answer"]
+           "support_rows", "format_support", "choose_scheme", "choose_kv_cache", "kv_bytes_per_token_for",
+           "KV_FP8_SHARE", "KV_SHAPE_MODELS", "DECODE_BATCHES", "decode_evidence", "swept_activation_prep_ms",
+           "recommend", "loaded_weights_gib", "Q8_0_BITS", "SERVING", "LLM_COMPRESSOR_RECIPE", "serving_text",
+           "QUIZ", "quiz_answer"]

@@ -204,8 +204,19 @@ def to_bf16(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).float()
 
 
+FP16_MAX = 65504.0       # largest fp16 value: INT8 and KIVI store their scales (and minima) in fp16
+
+
+def _finite(x: torch.Tensor, what: str) -> None:
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{what} hold NaN or inf: a cache of finite keys/values is expected")
+
+
 def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x (B, K, S, hd) -> FP8 E4M3 codes of x / scale, saturating at +-448; scale (K,) or (1,)."""
+    _finite(x, "the keys/values to store in FP8")
+    if not torch.isfinite(scale).all() or (scale <= 0).any():
+        raise ValueError(f"FP8 scales must be finite and > 0 (absmax / 448); got {scale.tolist()}")
     s = scale.float().reshape(1, -1, 1, 1)                                # (1, K or 1, 1, 1)
     return (x.float() / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)  # (B, K, S, hd)
 
@@ -217,7 +228,13 @@ def dequantize_fp8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def quantize_int8_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (B, K, S, hd) -> (codes int8 (B, K, S, hd), scale fp16 (B, K, S)): absmax / 127 per
     token and head. The scale is rounded to fp16 first and the codes use the stored scale."""
+    _finite(x, "the keys/values to store in INT8")
     amax = x.float().abs().amax(-1)                                       # (B, K, S)
+    if (amax.detach() / 127 > FP16_MAX).any():
+        raise ValueError(f"a token holds |x| = {float(amax.max()):.4g}: its INT8 scale "
+                         f"(|x| / 127) would overflow the fp16 the scale is stored in "
+                         f"(max {FP16_MAX:g}), so |x| must stay below {FP16_MAX * 127:.4g}. A BF16 "
+                         f"cache holds such values; an INT8 cache with fp16 scales cannot")
     scale = (amax / 127).to(torch.float16)
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)        # all-zero token
     q = torch.round(x.float() / scale.float()[..., None]).clamp(-127, 127).to(torch.int8)
@@ -244,6 +261,12 @@ def minmax_quantize(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Ten
         raise ValueError("x holds NaN or inf: a cache of finite keys/values is expected")
     levels = 2 ** bits - 1
     x = x.float()
+    xd = x.detach()
+    big = float(xd.abs().max())
+    if big > FP16_MAX or float((xd.amax(-1) - xd.amin(-1)).max()) / levels > FP16_MAX:
+        raise ValueError(f"values up to |x| = {big:.4g}: the group's minimum and scale are stored "
+                         f"in fp16 (max {FP16_MAX:g}) and would overflow; a BF16 cache holds such "
+                         f"values, a KIVI cache with fp16 scales cannot")
     lo = x.amin(-1, keepdim=True).to(torch.float16)                       # (..., 1)
     hi = x.amax(-1, keepdim=True)
     scale = ((hi - lo.float()) / levels).to(torch.float16)
@@ -364,6 +387,104 @@ def attention(q, k, v, q_pos, kq=None, vq=None, n_quant=None):
         k, v = torch.cat([kq, k], 2), torch.cat([vq, v], 2)                # (B, K, 2S, hd)
     return F.scaled_dot_product_attention(q.to(dt), k.to(dt), v.to(dt), attn_mask=allowed,
                                           enable_gqa=True)                 # (B, H, T, hd)
+
+
+# ----------------------------------------------------------------------------- online softmax
+def _float_tensor(name: str, x, dims: int) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor) or x.dim() != dims:
+        raise ValueError(f"{name} must be a {dims}-D tensor; got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be floating point; got {x.dtype}")
+    if torch.isnan(x).any():
+        raise ValueError(f"{name} holds NaN")
+    return x
+
+
+def online_softmax_step(m, l, acc, s, v):
+    """One block of the decode-attention kernel's online softmax (lesson 11), in float32.
+
+    The state of the R query heads that share one KV head: ``m`` (R,) the largest score seen,
+    ``l`` (R,) the sum of exp(score - m), ``acc`` (R, hd) the sum of exp(score - m) x value.
+    A new block brings ``s`` (R, n) scores (already scaled by 1/sqrt(hd); -inf where masked)
+    and ``v`` (n, hd) the block's values, shared by the R heads. Returns the new (m, l, acc);
+    the inputs are not modified. A block whose scores are all -inf leaves the state as it was.
+    Start from m = -inf, l = 0, acc = 0; the attention output is acc / l.
+    """
+    m, l = _float_tensor("m", m, 1), _float_tensor("l", l, 1)
+    acc, s, v = _float_tensor("acc", acc, 2), _float_tensor("s", s, 2), _float_tensor("v", v, 2)
+    R, n = s.shape
+    if n == 0:
+        raise ValueError("s has no column: a block holds at least one token")
+    if not (len(m) == len(l) == acc.shape[0] == R):
+        raise ValueError(f"m {tuple(m.shape)}, l {tuple(l.shape)}, acc {tuple(acc.shape)} and "
+                         f"s {tuple(s.shape)} must agree on the number of heads R")
+    if v.shape[0] != n or v.shape[1] != acc.shape[1]:
+        raise ValueError(f"v must be (n, hd) = ({n}, {acc.shape[1]}) to match s {tuple(s.shape)} "
+                         f"and acc {tuple(acc.shape)}; got {tuple(v.shape)}")
+    m, l, acc, s, v = m.float(), l.float(), acc.float(), s.float(), v.float()
+    m_new = torch.maximum(m, s.amax(-1))                                   # (R,)
+    safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+    alpha = torch.exp(m - safe)                                            # (R,) 0 when m = -inf
+    p = torch.exp(s - safe[:, None])                                       # (R, n)
+    return m_new, l * alpha + p.sum(-1), acc * alpha[:, None] + p @ v      # (R,), (R,), (R, hd)
+
+
+def combine_splits(ms, ls, accs):
+    """Merge the states of P context slices into the attention output (lesson 11; the
+    decode kernel's combine step). ``ms``, ``ls`` (P, R), ``accs`` (P, R, hd), each slice's
+    (m, l, acc) from :func:`online_softmax_step`; a slice that saw no token has m = -inf and
+    l = 0 and counts for nothing. Returns (R, hd) float32: sum_i acc_i e^(m_i - M) /
+    sum_i l_i e^(m_i - M) with M the largest m_i."""
+    ms, ls, accs = _float_tensor("ms", ms, 2), _float_tensor("ls", ls, 2), _float_tensor("accs", accs, 3)
+    if ms.shape != ls.shape or accs.shape[:2] != ms.shape:
+        raise ValueError(f"ms {tuple(ms.shape)} and ls {tuple(ls.shape)} must be (P, R) and accs "
+                         f"(P, R, hd); got accs {tuple(accs.shape)}")
+    if ms.shape[0] == 0:
+        raise ValueError("no slice to combine: give at least one (m, l, acc)")
+    ms, ls, accs = ms.float(), ls.float(), accs.float()
+    M = ms.amax(0)                                                         # (R,)
+    if (M == float("-inf")).any():
+        raise ValueError("a head saw no token in any slice: its attention is undefined")
+    w = torch.where(ms > float("-inf"), torch.exp(ms - M), torch.zeros_like(ms))  # (P, R)
+    return (w[..., None] * accs).sum(0) / (w * ls).sum(0)[:, None]         # (R, hd)
+
+
+def decode_attention_blockwise(q, k, v, lengths, block: int = 16, split: int = 1,
+                               step=online_softmax_step, combine=combine_splits):
+    """Decode attention the way the kernel computes it, in plain torch (lesson 11): per
+    sequence and KV head, the context cut into ``split`` slices, each read ``block`` tokens at
+    a time through ``step`` (:func:`online_softmax_step`), the slices merged by ``combine``
+    (:func:`combine_splits`). q (B, H, hd); k, v (B, K, S, hd) fp; lengths (B,). Returns
+    (B, H, hd) float32. ``step`` and ``combine`` may be a learner's own."""
+    if q.dim() != 3 or k.dim() != 4 or v.shape != k.shape or q.shape[0] != k.shape[0] \
+            or q.shape[-1] != k.shape[-1] or q.shape[1] % k.shape[1]:
+        raise ValueError(f"expected q (B, H, hd) and k, v (B, K, S, hd) with K dividing H; got q "
+                         f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    for name, x in (("block", block), ("split", split)):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ValueError(f"{name} must be a whole number >= 1; got {x!r}")
+    B, H, hd = q.shape
+    K, S = k.shape[1], k.shape[2]
+    lengths = torch.as_tensor(lengths)
+    if lengths.shape != (B,) or (lengths < 1).any() or (lengths > S).any():
+        raise ValueError(f"lengths must be (B,) = ({B},) with each in 1..{S}; got {lengths.tolist()}")
+    R = H // K
+    out = torch.empty(B, H, hd)
+    for b in range(B):
+        L = int(lengths[b])
+        cuts = [round(i * L / split) for i in range(split + 1)]            # slice bounds
+        for kh in range(K):
+            qs = q[b, kh * R:(kh + 1) * R].float() / math.sqrt(hd)          # (R, hd)
+            states = []
+            for lo, hi in zip(cuts[:-1], cuts[1:]):
+                m, l, acc = torch.full((R,), float("-inf")), torch.zeros(R), torch.zeros(R, hd)
+                for j in range(lo, hi, block):
+                    kb, vb = k[b, kh, j:min(j + block, hi)].float(), v[b, kh, j:min(j + block, hi)].float()
+                    m, l, acc = step(m, l, acc, qs @ kb.T, vb)             # (R,), (R,), (R, hd)
+                states.append((m, l, acc))
+            out[b, kh * R:(kh + 1) * R] = combine(*(torch.stack(x) for x in zip(*states)))
+    return out
 
 
 # ----------------------------------------------------------------------------- the caches
@@ -555,6 +676,12 @@ def calibrate(model, ids, window: int = 512) -> FP8Scales:
     and value maxima (lesson 11). Never calibrate on the text you evaluate on."""
     from course_lib import eval as ceval
 
+    ids = _check_ids(ids)
+    if len(ids) < 2:
+        raise ValueError("calibration needs at least 2 token ids (a window of 1 token and its "
+                         "next); give the calibration text, never the evaluation text")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a whole number of tokens >= 1; got {window!r}")
     rec = _Recorder(model.config)
     window = min(window, model.config.max_position_embeddings, len(ids) - 1)
     w = ceval.make_windows(ids, window)                                   # (n, W+1)
@@ -563,20 +690,45 @@ def calibrate(model, ids, window: int = 512) -> FP8Scales:
     return FP8Scales(rec.k, rec.v)
 
 
+def _check_layer(model, layer) -> int:
+    n = model.config.num_hidden_layers
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n:
+        raise ValueError(f"layer must be a whole number in 0..{n - 1} (the model has {n} layers); "
+                         f"got {layer!r}")
+    return layer
+
+
+def _check_ids(ids) -> torch.Tensor:
+    t = torch.as_tensor(ids)
+    if t.dim() != 1 or len(t) == 0:
+        raise ValueError(f"ids must be a non-empty 1-D sequence of token ids; got shape "
+                         f"{tuple(t.shape)}")
+    if t.is_floating_point() or t.dtype == torch.bool:
+        raise TypeError(f"ids must hold integer token ids; got {t.dtype}")
+    return t
+
+
 @torch.no_grad()
-def record_keys_values(model, ids, layer: int):
-    """Keys and values of one layer on ids (T,) after RoPE: (k, v) each (K, T, hd) (lesson 11's
-    outlier plot)."""
+def record_qkv(model, ids, layer: int):
+    """Queries, keys and values of one layer on ids (T,) after RoPE (lesson 11): q (H, T, hd),
+    k and v (K, T, hd)."""
+    layer, ids = _check_layer(model, layer), _check_ids(ids)
     out = {}
 
     class _Grab(_Recorder):
         def attend(self, l, q, k, v):
             if l == layer:
-                out["k"], out["v"] = k[0].float(), v[0].float()
+                out["q"], out["k"], out["v"] = q[0].float(), k[0].float(), v[0].float()
             return super().attend(l, q, k, v)
 
-    model(torch.as_tensor(ids)[None], _Grab(model.config))
-    return out["k"], out["v"]
+    model(ids[None], _Grab(model.config))
+    return out["q"], out["k"], out["v"]
+
+
+def record_keys_values(model, ids, layer: int):
+    """Keys and values of one layer on ids (T,) after RoPE: (k, v) each (K, T, hd) (lesson 11's
+    outlier plot)."""
+    return record_qkv(model, ids, layer)[1:]
 
 
 # ----------------------------------------------------------------------------- quality
@@ -589,8 +741,12 @@ def window_scores(model, ids, formats, scales: FP8Scales | None = None,
     log-likelihood, KL(bf16 cache || format) in nats and top-1 agreement with the bf16 cache,
     per position. ``window``: KIVI's recent window (None: 128).
     """
-    ids = torch.as_tensor(ids)
+    ids = _check_ids(ids)
     T = ids.numel() - 1
+    if T < 1:
+        raise ValueError("ids must hold at least 2 tokens: one to read, one to predict")
+    if not formats:
+        raise ValueError(f"formats is empty: name at least one of {', '.join(FORMAT_NAMES)}")
     if T > model.config.max_position_embeddings:
         raise ValueError(f"a window of {T} tokens is past the model's context of "
                          f"{model.config.max_position_embeddings}; use a shorter context")

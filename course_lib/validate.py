@@ -3,8 +3,9 @@
 
 Rung 1 (cheap, most sensitive): KL divergence and top-1 agreement of the next-token
 distributions against the unquantized model (``course_lib.eval.compare``, lesson 04).
-Rung 2: a task metric with its standard error (``course_lib.eval.completion_accuracy`` on
-the bundled model). Rung 3 (slowest): long greedy generations set beside the reference's,
+Rung 2: a task metric (``course_lib.eval.completion_accuracy`` on the bundled model); two
+models scored on the same items are compared item by item with McNemar's paired test
+(:func:`task_hits`, :func:`mcnemar`), not with two independent standard errors. Rung 3 (slowest): long greedy generations set beside the reference's,
 and where they first part (:func:`continue_greedy`, :func:`first_divergence`,
 :func:`divergence_points`).
 
@@ -48,6 +49,8 @@ def continue_greedy(model, prompts: torch.Tensor, n_new: int) -> torch.Tensor:
     """The ``n_new`` tokens ``model`` writes greedily after each prompt: (B, T) -> (B, n_new).
     Lesson 12, rung 3 (greedy, so that two models are compared token for token)."""
     from course_lib.model import generate
+    if isinstance(n_new, bool) or not isinstance(n_new, int) or n_new < 1:
+        raise ValueError(f"n_new is the number of tokens to generate, a whole number >= 1; got {n_new!r}")
     if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2:
         raise ValueError(f"prompts must be a (B, T) tensor of token ids, prompts of equal "
                          f"length; got {tuple(getattr(prompts, 'shape', ()))}")
@@ -65,14 +68,79 @@ def divergence_points(ref_new: torch.Tensor, new: torch.Tensor,
     return [int(first_divergence_fn(ref_new[i], new[i])) for i in range(len(ref_new))]
 
 
+@torch.no_grad()
+def task_hits(model, text: bytes, n: int = 96, prompt_bytes: int = 128, seed: int = 0) -> list[bool]:
+    """Per item, whether ``model`` completes the held-out identifier exactly (lesson 12, rung 2):
+    the items of ``course_lib.eval.completion_accuracy``, kept one by one so that two models
+    scored on the same items can be compared pair by pair (:func:`mcnemar`)."""
+    from course_lib.eval import as_ids, completion_cases
+    from course_lib.model import generate
+    cases = completion_cases(text, n, prompt_bytes, "identifier", seed)
+    if not cases:
+        raise ValueError("the text holds no identifier to complete: give a longer held-out text")
+    prompts = torch.stack([as_ids(p) for p, _ in cases])                    # (n, P)
+    longest = max(len(t) for _, t in cases)
+    out = generate(model, prompts, longest)[:, prompt_bytes:]              # (n, longest)
+    return [bytes(out[i, :len(t)].tolist()) == t for i, (_, t) in enumerate(cases)]
+
+
+def _as_hits(x, what: str) -> list[bool]:
+    if isinstance(x, torch.Tensor):
+        x = x.tolist()
+    if isinstance(x, (str, bytes)) or not hasattr(x, "__len__"):
+        raise TypeError(f"{what} must be a list of True/False per item (right or wrong); got "
+                        f"{type(x).__name__}")
+    out = []
+    for v in x:
+        if isinstance(v, bool) or v in (0, 1):
+            out.append(bool(v))
+        else:
+            raise ValueError(f"{what} must hold True/False (or 1/0) per item; got {v!r}")
+    return out
+
+
+def mcnemar(ref_hits, hits) -> dict:
+    """McNemar's exact test: did a variant change a task score measured on the SAME items as
+    the reference? (lesson 12, rung 2)
+
+    Only the discordant items carry information: ``b`` right for the reference and wrong for
+    the variant, ``c`` the other way round. Under "no change" each discordant item is a fair
+    coin, so ``b`` is Binomial(b + c, 1/2); the two-sided p-value is the probability of a
+    split at least as uneven. Returns {n, b, c, change (the difference of the two accuracies,
+    (c - b) / n), se_paired (its standard error from the pairs), p_value}.
+
+    ``[1, 1, 0, 1]`` vs ``[1, 0, 0, 1]`` -> b = 1, c = 0, p = 1.0 (one flip is no evidence).
+    """
+    a, v = _as_hits(ref_hits, "ref_hits"), _as_hits(hits, "hits")
+    if not a:
+        raise ValueError("ref_hits is empty: score at least one item")
+    if len(a) != len(v):
+        raise ValueError(f"the two models must be scored on the same items: ref_hits has "
+                         f"{len(a)} items, hits {len(v)}")
+    n = len(a)
+    b = sum(x and not y for x, y in zip(a, v))
+    c = sum(y and not x for x, y in zip(a, v))
+    m = b + c
+    tail = sum(math.comb(m, k) for k in range(min(b, c) + 1)) / 2 ** m if m else 1.0
+    change = (c - b) / n
+    se_paired = math.sqrt(max(m / n - change ** 2, 0.0) / n)
+    return {"n": n, "b": b, "c": c, "change": change, "se_paired": se_paired,
+            "p_value": min(1.0, 2 * tail)}
+
+
 def binomial_se(p: float, n: int) -> float:
     """Standard error of a proportion ``p`` measured on ``n`` independent items (lesson 12)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a whole number >= 1; got {n!r}")
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"p is a proportion in [0, 1]; got {p!r}")
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        hint = " (a percent? give a fraction: 0.42, not 42)" if isinstance(p, (int, float)) \
+            and 1 < p <= 100 else ""
+        raise ValueError(f"p is a proportion in [0, 1]{hint}; got {p!r}")
     return math.sqrt(p * (1 - p) / n)
 
+
+#: A paired test "sees" a change of task score when its p-value is below this.
+P_SEES = 0.05
 
 #: Below this KL (nats per token) two fp32 runs of the same model on another machine differ.
 KL_NOISE = 1e-6
@@ -84,27 +152,34 @@ def rung_sees(rung: str, value: float, reference: float | None = None, n: int | 
 
     - ``kl``: the variant's KL is above fp32 noise (:data:`KL_NOISE`);
     - ``top1``: some of the ``n`` positions disagree (agreement below 1, counted on n);
-    - ``task``: the score moved by more than two standard errors of the reference's score
-      on ``n`` items (``reference`` = the reference model's score);
+    - ``task``: ``value`` is the p-value of McNemar's paired test (:func:`mcnemar`) on the
+      items both models answered; it sees a change below :data:`P_SEES` (0.05);
     - ``generation``: the mean number of agreeing new tokens is below ``n_new`` (some
       generation parted from the reference's).
     """
     if rung not in RUNGS:
         raise ValueError(f"unknown rung {rung!r}; known: {', '.join(RUNGS)}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"value must be a finite number; got {value!r}")
     if rung == "kl":
+        if value < 0:
+            raise ValueError(f"a KL divergence is >= 0; got {value!r}")
         return value > KL_NOISE
     if rung == "top1":
         if n is None:
             raise ValueError("top1 needs n, the number of positions compared")
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"top1 takes the agreement as a fraction in [0, 1] (0.97, not 97); "
+                             f"got {value!r}")
         return round((1 - value) * n) >= 1
     if rung == "task":
-        if reference is None or n is None:
-            raise ValueError("task needs reference (the reference's score) and n (items)")
-        return abs(value - reference) > 2 * binomial_se(reference, n)
+        if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            raise ValueError(f"task takes the p-value of validate.mcnemar, in [0, 1]; got {value!r}")
+        return value < P_SEES
     if n_new is None:
         raise ValueError("generation needs n_new, the number of new tokens generated")
     return value < n_new
 
 
-__all__ = ["RUNGS", "KL_NOISE", "first_divergence", "continue_greedy", "divergence_points", "binomial_se",
-           "rung_sees"]
+__all__ = ["RUNGS", "KL_NOISE", "P_SEES", "first_divergence", "continue_greedy", "divergence_points",
+           "task_hits", "mcnemar", "binomial_se", "rung_sees"]

@@ -2,6 +2,7 @@
 checked against token-by-token decode with the real cache (bundled model; fast)."""
 import math
 
+import kernels  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
 import pytest
 import torch
 
@@ -264,3 +265,107 @@ def test_kv_helpers_refuse_bad_input():
         kv_capacity_widget(weight_fmt="int3")
     with pytest.raises(ValueError, match="context -1 is not on the widget's slider"):
         kv_capacity_widget(context=-1)
+
+
+# ---------------------------------------------------------------- online softmax (lesson 11)
+
+def test_online_softmax_blocks_equal_one_softmax():
+    g = torch.Generator().manual_seed(0)
+    s, v = torch.randn(3, 20, generator=g) * 4, torch.randn(20, 8, generator=g)
+    m, l, acc = torch.full((3,), float("-inf")), torch.zeros(3), torch.zeros(3, 8)
+    before = (m.clone(), l.clone(), acc.clone())
+    for j in range(0, 20, 6):                                        # blocks of 6, 6, 6, 2
+        m, l, acc = kv.online_softmax_step(m, l, acc, s[:, j:j + 6], v[j:j + 6])
+    torch.testing.assert_close(acc / l[:, None], torch.softmax(s, -1) @ v)
+    assert torch.equal(m, s.amax(-1))
+    assert torch.equal(before[0], torch.full((3,), float("-inf"))) and not before[1].any()
+    # a block of -inf only (past the sequence's end) changes nothing, even first
+    dead = torch.full((3, 4), float("-inf"))
+    m0, l0, a0 = kv.online_softmax_step(torch.full((3,), float("-inf")), torch.zeros(3),
+                                        torch.zeros(3, 8), dead, torch.zeros(4, 8))
+    assert not torch.isnan(a0).any() and not l0.any() and (m0 == float("-inf")).all()
+
+
+def test_split_combine_equals_the_kernel_reference():
+    from kernels import decode_attention as da
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(3, 9, 32, generator=g)
+    k, v = torch.randn(2, 3, 3, 40, 32, generator=g)
+    lens = torch.tensor([40, 1, 17])
+    ref = da.decode_attention_reference(q, k, v, lens)
+    for block, split in ((16, 1), (8, 3), (5, 4)):
+        out = kv.decode_attention_blockwise(q, k, v, lens, block=block, split=split)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    # the merge of one slice is acc / l; an empty slice counts for nothing
+    m, l, acc = kv.online_softmax_step(torch.full((2,), float("-inf")), torch.zeros(2),
+                                       torch.zeros(2, 4), torch.randn(2, 3, generator=g),
+                                       torch.randn(3, 4, generator=g))
+    empty = (torch.full((2,), float("-inf")), torch.zeros(2), torch.zeros(2, 4))
+    both = kv.combine_splits(torch.stack([m, empty[0]]), torch.stack([l, empty[1]]),
+                             torch.stack([acc, empty[2]]))
+    torch.testing.assert_close(both, acc / l[:, None])
+
+
+def test_online_softmax_refuses_bad_input():
+    m, l, acc = torch.zeros(2), torch.ones(2), torch.zeros(2, 4)
+    with pytest.raises(ValueError, match=r"v must be \(n, hd\) = \(3, 4\)"):
+        kv.online_softmax_step(m, l, acc, torch.zeros(2, 3), torch.zeros(3, 5))
+    with pytest.raises(ValueError, match="agree on the number of heads"):
+        kv.online_softmax_step(m, l, acc, torch.zeros(3, 3), torch.zeros(3, 4))
+    with pytest.raises(ValueError, match="s holds NaN"):
+        kv.online_softmax_step(m, l, acc, torch.full((2, 3), float("nan")), torch.zeros(3, 4))
+    with pytest.raises(ValueError, match="at least one token"):
+        kv.online_softmax_step(m, l, acc, torch.zeros(2, 0), torch.zeros(0, 4))
+    with pytest.raises(TypeError, match="floating point"):
+        kv.online_softmax_step(m, l, acc, torch.zeros(2, 3, dtype=torch.long), torch.zeros(3, 4))
+    with pytest.raises(ValueError, match="saw no token in any slice"):
+        kv.combine_splits(torch.full((2, 2), float("-inf")), torch.zeros(2, 2), torch.zeros(2, 2, 4))
+    with pytest.raises(ValueError, match=r"must be \(P, R\)"):
+        kv.combine_splits(torch.zeros(2, 2), torch.zeros(2, 3), torch.zeros(2, 2, 4))
+    q, k = torch.zeros(1, 4, 8), torch.zeros(1, 2, 5, 8)
+    with pytest.raises(ValueError, match="K dividing H"):
+        kv.decode_attention_blockwise(q, k, k[..., :4], [5])
+    with pytest.raises(ValueError, match=r"each in 1\.\.5"):
+        kv.decode_attention_blockwise(q, k, k, [0])
+    with pytest.raises(ValueError, match="split must be a whole number"):
+        kv.decode_attention_blockwise(q, k, k, [5], split=0)
+
+
+def test_quantizers_refuse_what_their_fp16_scales_cannot_hold():
+    # 1e7 is an ordinary BF16 value; as an INT8 scale 1e7 / 127 overflows fp16 (65504)
+    x = torch.zeros(1, 1, 2, 8)
+    x[0, 0, 1, 3] = 1e7
+    with pytest.raises(ValueError, match=r"overflow the fp16.*below 8\.319e\+06"):
+        kv.quantize_int8_per_token(x)
+    with pytest.raises(ValueError, match="minimum and scale are stored in fp16"):
+        kv.minmax_quantize(torch.tensor([[-1e5, 0.0, 1.0, 2.0]]), 2)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        kv.quantize_int8_per_token(torch.full((1, 1, 1, 4), float("nan")))
+    with pytest.raises(ValueError, match="NaN or inf"):
+        kv.quantize_fp8(torch.full((1, 1, 1, 4), float("inf")), torch.ones(1))
+    with pytest.raises(ValueError, match="finite and > 0"):
+        kv.quantize_fp8(torch.ones(1, 1, 1, 4), torch.zeros(1))
+    ok = torch.zeros(1, 1, 1, 8)
+    ok[..., 0] = 8e6                                                   # just inside: fine
+    q, s = kv.quantize_int8_per_token(ok)
+    assert torch.isfinite(s.float()).all() and int(q[..., 0]) == 127
+
+
+def test_recording_and_scoring_refuse_empty_or_wrong_ids(model):
+    with pytest.raises(ValueError, match="non-empty 1-D"):
+        kv.record_qkv(model, torch.tensor([], dtype=torch.long), 0)
+    with pytest.raises(TypeError, match="integer token ids"):
+        kv.record_keys_values(model, torch.zeros(4), 0)
+    with pytest.raises(ValueError, match=r"layer must be a whole number in 0\.\.3"):
+        kv.record_qkv(model, _eval_ids(8), 4)
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        kv.window_scores(model, _eval_ids(1), ["int8"])
+    with pytest.raises(ValueError, match="formats is empty"):
+        kv.window_scores(model, _eval_ids(20), [])
+    with pytest.raises(ValueError, match="at least 2 token ids"):
+        kv.calibrate(model, _eval_ids(1))
+    with pytest.raises(ValueError, match="window must be a whole number"):
+        kv.calibrate(model, _eval_ids(40), window=0)
+    q, k, v = kv.record_qkv(model, _eval_ids(12), 1)
+    H, K = model.config.num_attention_heads, model.config.num_key_value_heads
+    assert q.shape == (H, 12, model.config.head_dim) and k.shape == v.shape == (K, 12, model.config.head_dim)

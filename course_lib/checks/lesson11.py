@@ -13,6 +13,8 @@ def keys_per_channel_reference(k, bits, group):
     """kv's KIVI key quantizer on one head: k (S, hd) -> dequantized (S, hd)."""
     if not isinstance(k, torch.Tensor) or k.dim() != 2:
         raise ValueError("k must be a 2-D tensor (tokens, channels)")
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
+        raise ValueError(f"bits must be a whole number 1..8; got {bits!r}")
     d = kv.kivi_quantize_keys(k[None, None].float(), bits, group)
     return kv.kivi_dequantize_keys(d, bits)[0, 0]
 
@@ -28,7 +30,15 @@ def _keys(S, hd, seed, outlier=None):
 def _keys_cases():
     const = _keys(32, 8, 3)
     const[:, 2] = 0.75                                   # a constant channel: max == min
+    ties = torch.tensor([[0.0, 1.0], [3.0, 2.0], [0.5, 1.5], [2.5, 2.0]])  # exact .5 steps
+    nan = _keys(32, 4, 6)
+    nan[3, 1] = float("nan")
     return [
+        Case((ties, 2, 4), label="codes exactly halfway (0.5, 1.5, 2.5): round half to even"),
+        Case((_keys(32, 8, 7).half(), 2, 32), label="fp16 keys: the result in float32"),
+        Case((torch.zeros(32, 4), 2, 32), label="all-zero keys: zeros back, no NaN"),
+        Case((nan, 2, 32), label="a NaN key: raise ValueError", raises=ValueError),
+        Case((_keys(32, 4, 8), 0, 32), label="0 bits: raise ValueError", raises=ValueError),
         Case((_keys(64, 16, 0), 2, 32), label="2 bits, two groups of 32 tokens"),
         Case((_keys(32, 16, 1, outlier=4), 2, 32), label="an outlier channel (as real keys have)"),
         Case((_keys(48, 8, 2), 4, 16), label="4 bits, groups of 16"),
@@ -73,6 +83,32 @@ def _wrong_keys_whole_channel(k, bits, group):       # one scale per channel ove
     return keys_per_channel_reference(k, bits, k.shape[0])
 
 
+def _wrong_keys_half_up(k, bits, group):             # floor(x + 0.5): ties go up
+    if k.shape[0] % group or not 1 <= bits <= 8 or torch.isnan(k).any():
+        raise ValueError("bad input")
+    x = k.reshape(-1, group, k.shape[1]).float()
+    lo = x.amin(1, keepdim=True).half().float()
+    scale = ((x.amax(1, keepdim=True) - lo) / (2 ** bits - 1)).half().float()
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.floor((x - lo) / scale + 0.5).clamp(0, 2 ** bits - 1)
+    return (q * scale + lo).reshape(k.shape)
+
+
+def _wrong_keys_input_dtype(k, bits, group):         # the result in the keys' own dtype
+    return keys_per_channel_reference(k, bits, group).to(k.dtype)
+
+
+def _wrong_keys_nan_through(k, bits, group):         # no NaN check: NaN groups come back NaN
+    if k.shape[0] % group or not 1 <= bits <= 8:
+        raise ValueError("bad input")
+    x = k.reshape(-1, group, k.shape[1]).float()
+    lo = x.amin(1, keepdim=True).half().float()
+    scale = ((x.amax(1, keepdim=True) - lo) / (2 ** bits - 1)).half().float()
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    q = torch.round((x - lo) / scale).clamp(0, 2 ** bits - 1)
+    return (q * scale + lo).reshape(k.shape)
+
+
 register(Exercise(
     id="11.keys_per_channel",
     title="KIVI keys: asymmetric, per channel, in groups of tokens",
@@ -84,10 +120,12 @@ register(Exercise(
           "Reshape k (S, hd) to (S/group, group, hd) and reduce over dim 1: lo = min, "
           "scale = (max - lo) / (2**bits - 1), both rounded through fp16 (.half().float()); "
           "a scale of 0 becomes 1.",
-          "q = round((x - lo) / scale).clamp(0, 2**bits - 1); return (q * scale + lo) reshaped "
-          "to (S, hd). Raise ValueError when S % group != 0."],
+          "q = torch.round((x - lo) / scale).clamp(0, 2**bits - 1) (round half to even); return "
+          "(q * scale + lo) reshaped to (S, hd), float32. Raise ValueError when S % group != 0, "
+          "when bits is not 1..8 or when k holds NaN."],
     wrong=[_wrong_keys_per_token, _wrong_keys_levels, _wrong_keys_symmetric,
-           _wrong_keys_whole_channel],
+           _wrong_keys_whole_channel, _wrong_keys_half_up, _wrong_keys_input_dtype,
+           _wrong_keys_nan_through],
     rtol=1e-5, atol=1e-6,
 ))
 
@@ -96,6 +134,8 @@ register(Exercise(
 
 def kivi_bytes_reference(tokens, head_dim, bits, window=128, group=32):
     """kv.cache_bytes for one layer and one KV head of a KIVI cache."""
+    if bits not in (2, 4):
+        raise ValueError(f"KIVI caches here have 2 or 4 bits; got {bits!r}")
     return kv.cache_bytes(kv.get_format(f"kivi{bits}", window, group), 1, 1, head_dim, tokens)
 
 
@@ -112,11 +152,21 @@ def _kivi_bytes_cases():
         Case((0, 64, 2), label="an empty cache"),
         Case((500, 48, 2), {"group": 32}, label="group 32 does not divide head dim 48: ValueError",
              raises=ValueError),
+        Case((-5, 64, 2), label="a negative token count: raise ValueError", raises=ValueError),
+        Case((100.5, 64, 2), label="half a token: raise ValueError", raises=ValueError),
     ]
 
 
 def _q(tokens, window, group):
     return max(tokens - window, 0) // group * group
+
+
+def _wrong_bytes_no_checks(tokens, head_dim, bits, window=128, group=32):  # counts anything
+    if head_dim % group:
+        raise ValueError("group must divide head_dim")
+    Q = max(int(tokens) - window, 0) // group * group
+    return int(2 * (tokens - Q) * head_dim * 2 + 2 * Q * head_dim * bits // 8
+               + 2 * (Q * head_dim // group) * 4)
 
 
 def _wrong_bytes_no_scales(tokens, head_dim, bits, window=128, group=32):
@@ -161,9 +211,10 @@ register(Exercise(
           "bytes. Codes: 2 x Q x hd x bits / 8.",
           "Scales: keys have Q/group x hd groups, values Q x hd/group groups: the same count, "
           "Q x hd / group each, and each group stores an fp16 scale and an fp16 minimum "
-          "(4 bytes). Raise ValueError when group does not divide head_dim."],
+          "(4 bytes). Raise ValueError when group does not divide head_dim, or when tokens is "
+          "not a whole number >= 0."],
     wrong=[_wrong_bytes_no_scales, _wrong_bytes_no_groups, _wrong_bytes_k_only,
-           _wrong_bytes_scale_only],
+           _wrong_bytes_scale_only, _wrong_bytes_no_checks],
     rtol=0, atol=0, check_dtype=False,
 ))
 
@@ -187,7 +238,17 @@ def _conv_cases():
         Case((80, 16.06, 131072 * 3 / 16, 32768), label="8B with a 3-bit (KIVI-2) cache, 32k"),
         Case((80, 75.0, kv70, 8000), label="weights over the usable 72 GB: 0, not negative"),
         Case((24, 1.0, 23040, 8192), {"usable_fraction": 0.5}, label="a 24 GB card at 50%"),
+        Case((10, 0.0, 1e6, 1000), {"usable_fraction": 1.0},
+             label="exactly 10 conversations' worth: 10, not 9"),
+        Case((10, 0.0, 1e6, 4000), {"usable_fraction": 1.0},
+             label="2.5 conversations' worth: 2 (whole ones only)"),
         Case((80, 10.0, 0, 8000), label="0 bytes per token: raise ValueError", raises=ValueError),
+        Case((80, 10.0, 327680, 8000), {"usable_fraction": 90},
+             label="90 (a percent) where a fraction is meant: raise ValueError", raises=ValueError),
+        Case((float("nan"), 10.0, 327680, 8000), label="NaN GB: raise ValueError",
+             raises=ValueError),
+        Case((80, -5.0, 327680, 8000), label="negative weights: raise ValueError",
+             raises=ValueError),
     ]
 
 
@@ -212,6 +273,23 @@ def _wrong_conv_gib(gpu_memory_gb, weight_gb, kv_bytes_per_token, context, usabl
     return max(0, int(free // (kv_bytes_per_token * context)))
 
 
+def _wrong_conv_percent_ok(gpu_memory_gb, weight_gb, kv_bytes_per_token, context,
+                           usable_fraction=0.9):                 # never checks the fraction
+    if not kv_bytes_per_token > 0 or not gpu_memory_gb > 0 or weight_gb < 0:
+        raise ValueError("bad input")
+    free = (gpu_memory_gb * usable_fraction - weight_gb) * 1e9
+    return max(0, int(free // (kv_bytes_per_token * context)))
+
+
+def _wrong_conv_half_up(gpu_memory_gb, weight_gb, kv_bytes_per_token, context,
+                        usable_fraction=0.9):            # floor(x + 0.5): 2.5 conversations -> 3
+    import math
+    conversations_reference(gpu_memory_gb, weight_gb, kv_bytes_per_token, context,
+                            usable_fraction)             # the same input checks
+    free = (gpu_memory_gb * usable_fraction - weight_gb) * 1e9
+    return max(0, math.floor(free / (kv_bytes_per_token * context) + 0.5))
+
+
 def _wrong_conv_negative(gpu_memory_gb, weight_gb, kv_bytes_per_token, context,
                          usable_fraction=0.9):
     if kv_bytes_per_token <= 0:
@@ -231,7 +309,212 @@ register(Exercise(
           "free bytes = (gpu_memory_gb x usable_fraction - weight_gb) x 1e9 (decimal GB, as "
           "datasheets count); one conversation = kv_bytes_per_token x context.",
           "Return int(free // per_conversation), or 0 when free <= 0; raise ValueError when "
-          "kv_bytes_per_token <= 0."],
-    wrong=[_wrong_conv_no_fraction, _wrong_conv_round, _wrong_conv_gib, _wrong_conv_negative],
+          "kv_bytes_per_token <= 0, when usable_fraction is not in (0, 1], or when a memory "
+          "figure is NaN or negative."],
+    wrong=[_wrong_conv_no_fraction, _wrong_conv_round, _wrong_conv_gib, _wrong_conv_negative,
+           _wrong_conv_percent_ok, _wrong_conv_half_up],
     rtol=0, atol=0, check_dtype=False,
+))
+
+
+# ---------------------------------------------------------------- 11.online_softmax_step
+
+_INF = float("-inf")
+
+
+def _fresh(R, hd):
+    return torch.full((R,), _INF), torch.zeros(R), torch.zeros(R, hd)
+
+
+def _block(R, n, hd, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(R, n, generator=g) * scale, torch.randn(n, hd, generator=g)
+
+
+def _state(R, hd, seed, blocks=2, n=5):
+    m, l, acc = _fresh(R, hd)
+    for i in range(blocks):
+        m, l, acc = kv.online_softmax_step(m, l, acc, *_block(R, n, hd, seed + i))
+    return m, l, acc
+
+
+def _step_cases():
+    s_mask, v_mask = _block(3, 6, 8, 11)
+    s_mask[:, 4:] = _INF                                  # the block runs past the sequence
+    s_dead, v_dead = _block(2, 4, 8, 12)
+    s_dead[:] = _INF                                      # a block wholly past the end
+    s_hi, v_hi = _block(2, 5, 8, 13, scale=1.0)
+    s_hi += 1000.0                                        # exp(1000) overflows float32
+    m_b, l_b, acc_b = _state(2, 8, 14)
+    s_b, v_b = _block(2, 5, 8, 15)
+    s_low = s_b - 50                                      # all below the running maximum
+    return [
+        Case((*_fresh(4, 8), *_block(4, 5, 8, 1)), label="the first block (m = -inf, l = 0)"),
+        Case((*_state(4, 8, 2), *_block(4, 5, 8, 4, scale=3.0)),
+             label="a block whose scores beat the running maximum: rescale l AND acc"),
+        Case((m_b, l_b, acc_b, s_low, v_b), label="a block entirely below the running maximum"),
+        Case((*_state(3, 8, 5), s_mask, v_mask), label="masked columns (-inf) contribute nothing"),
+        Case((*_state(2, 8, 6), s_dead, v_dead), label="an all -inf block leaves the state as it was"),
+        Case((*_fresh(2, 8), s_dead, v_dead),
+             label="an all -inf first block: no NaN, the state stays empty"),
+        Case((*_fresh(2, 8), s_hi, v_hi), label="scores near 1000: subtract the maximum first"),
+        Case((*_fresh(1, 4), torch.tensor([[0.5]]), torch.tensor([[1.0, -2.0, 3.0, 0.0]])),
+             label="one head, one token"),
+        Case(tuple(x.to(torch.bfloat16) for x in (*_state(2, 8, 7), *_block(2, 3, 8, 8))),
+             label="bfloat16 inputs: the state comes back in float32"),
+        Case((*_fresh(2, 8), *_block(2, 5, 6, 9)), label="v of width 6 for acc of width 8: "
+             "raise ValueError", raises=ValueError),
+        Case((*_fresh(2, 8), torch.full((2, 3), float("nan")), torch.zeros(3, 8)),
+             label="NaN scores: raise ValueError", raises=ValueError),
+        Case((*_fresh(2, 8), torch.zeros(2, 0), torch.zeros(0, 8)),
+             label="an empty block: raise ValueError", raises=ValueError),
+    ]
+
+
+def _checked(m, l, acc, s, v):
+    if s.shape[1] == 0 or v.shape[1] != acc.shape[1] or torch.isnan(s).any():
+        raise ValueError("bad block")
+    return m.float(), l.float(), acc.float(), s.float(), v.float()
+
+
+def _wrong_step_no_acc_rescale(m, l, acc, s, v):         # forgets to rescale the accumulator
+    m, l, acc, s, v = _checked(m, l, acc, s, v)
+    m_new = torch.maximum(m, s.amax(-1))
+    safe = torch.where(m_new == _INF, torch.zeros_like(m_new), m_new)
+    p = torch.exp(s - safe[:, None])
+    return m_new, l * torch.exp(m - safe) + p.sum(-1), acc + p @ v
+
+
+def _wrong_step_no_max(m, l, acc, s, v):                 # plain exp: overflows at large scores
+    m, l, acc, s, v = _checked(m, l, acc, s, v)
+    p = torch.exp(s)
+    return torch.maximum(m, s.amax(-1)), l + p.sum(-1), acc + p @ v
+
+
+def _wrong_step_nan_on_empty(m, l, acc, s, v):           # exp(-inf - -inf) = NaN
+    m, l, acc, s, v = _checked(m, l, acc, s, v)
+    m_new = torch.maximum(m, s.amax(-1))
+    alpha, p = torch.exp(m - m_new), torch.exp(s - m_new[:, None])
+    return m_new, l * alpha + p.sum(-1), acc * alpha[:, None] + p @ v
+
+
+def _wrong_step_input_dtype(m, l, acc, s, v):            # the result in the inputs' dtype
+    dt = s.dtype
+    return tuple(x.to(dt) for x in kv.online_softmax_step(m, l, acc, s, v))
+
+
+def _wrong_step_block_softmax(m, l, acc, s, v):          # normalizes each block on its own
+    m, l, acc, s, v = _checked(m, l, acc, s, v)
+    m_new = torch.maximum(m, s.amax(-1))
+    safe = torch.where(m_new == _INF, torch.zeros_like(m_new), m_new)
+    p = torch.softmax(s, -1).nan_to_num()
+    alpha = torch.exp(m - safe)
+    return m_new, l * alpha + p.sum(-1), acc * alpha[:, None] + p @ v
+
+
+def _wrong_step_in_place(m, l, acc, s, v):               # updates the caller's state in place
+    m2, l2, acc2 = kv.online_softmax_step(m, l, acc, s, v)
+    m.copy_(m2), l.copy_(l2), acc.copy_(acc2)
+    return m.float(), l.float(), acc.float()
+
+
+register(Exercise(
+    id="11.online_softmax_step",
+    title="one block of the online softmax: running max, running sum, rescaled accumulator",
+    reference=kv.online_softmax_step,
+    cases=_step_cases,
+    hint=["When a new block raises the largest score seen, every exp(score - m) summed so far "
+          "was taken against an old, smaller maximum. By what factor must the running sum AND "
+          "the accumulator change? What should happen when nothing in the block counts (every "
+          "score -inf), even on the very first block?",
+          "m_new = max(m, s.amax(-1)); alpha = exp(m - m_new); p = exp(s - m_new[:, None]). "
+          "Guard m_new = -inf (subtract 0 instead) so that -inf - -inf never makes a NaN.",
+          "Return (m_new, l * alpha + p.sum(-1), acc * alpha[:, None] + p @ v), all float32, "
+          "new tensors; ValueError for an empty block, NaN scores or widths that do not match."],
+    wrong=[_wrong_step_no_acc_rescale, _wrong_step_no_max, _wrong_step_nan_on_empty,
+           _wrong_step_input_dtype, _wrong_step_block_softmax],
+    rtol=1e-5, atol=1e-6,
+))
+
+
+# ---------------------------------------------------------------- 11.combine_splits
+
+def _slices(P, R, hd, seed, empty=()):
+    states = [_fresh(R, hd) if i in empty else _state(R, hd, seed + 10 * i, blocks=1 + i % 2)
+              for i in range(P)]
+    return tuple(torch.stack(x) for x in zip(*states))
+
+
+def _combine_cases():
+    far_m, far_l, far_acc = _slices(2, 3, 8, 40)
+    far_m = far_m.clone()
+    far_m[0] += 1000.0                                    # slice 0's maximum far above slice 1's
+    dead_m, dead_l, dead_acc = _slices(2, 2, 8, 50, empty=(0, 1))
+    return [
+        Case(_slices(1, 4, 8, 20), label="one slice: acc / l"),
+        Case(_slices(3, 4, 8, 21), label="three slices of one context"),
+        Case(_slices(3, 2, 8, 22, empty=(1,)), label="a slice that saw no token (m = -inf, l = 0)"),
+        Case((far_m, far_l, far_acc), label="maxima 1000 apart: rescale against the largest"),
+        Case(tuple(x.to(torch.bfloat16) for x in _slices(2, 2, 8, 23)),
+             label="bfloat16 states: the output in float32"),
+        Case((dead_m, dead_l, dead_acc), label="no slice saw a token: raise ValueError",
+             raises=ValueError),
+        Case((torch.zeros(2, 3), torch.ones(2, 4), torch.zeros(2, 3, 8)),
+             label="ms (2, 3) but ls (2, 4): raise ValueError", raises=ValueError),
+    ]
+
+
+def _combine_checked(ms, ls, accs):
+    if ms.shape != ls.shape or accs.shape[:2] != ms.shape:
+        raise ValueError("shapes")
+    if (ms.amax(0) == _INF).any():
+        raise ValueError("empty")
+    return ms.float(), ls.float(), accs.float()
+
+
+def _wrong_combine_mean(ms, ls, accs):                   # averages the slices' outputs
+    ms, ls, accs = _combine_checked(ms, ls, accs)
+    live = (ms > _INF).float()
+    out = accs / ls.clamp_min(1e-30)[..., None]
+    return (out * live[..., None]).sum(0) / live.sum(0)[:, None]
+
+
+def _wrong_combine_no_max(ms, ls, accs):                 # weights exp(m_i): overflows
+    ms, ls, accs = _combine_checked(ms, ls, accs)
+    w = torch.exp(ms)
+    return (w[..., None] * accs).sum(0) / (w * ls).sum(0)[:, None]
+
+
+def _wrong_combine_ignore_m(ms, ls, accs):               # sums as if every m were equal
+    ms, ls, accs = _combine_checked(ms, ls, accs)
+    return accs.sum(0) / ls.sum(0)[:, None]
+
+
+def _wrong_combine_nan_when_empty(ms, ls, accs):         # no check: 0 / 0 = NaN comes back
+    if ms.shape != ls.shape or accs.shape[:2] != ms.shape:
+        raise ValueError("shapes")
+    ms, ls, accs = ms.float(), ls.float(), accs.float()
+    M = ms.amax(0)
+    w = torch.exp(ms - M)
+    return (w[..., None] * accs).sum(0) / (w * ls).sum(0)[:, None]
+
+
+def _wrong_combine_dtype(ms, ls, accs):                  # output in the states' dtype
+    return kv.combine_splits(ms, ls, accs).to(ms.dtype)
+
+
+register(Exercise(
+    id="11.combine_splits",
+    title="merge the online-softmax states of the context's slices",
+    reference=kv.combine_splits,
+    cases=_combine_cases,
+    hint=["Each slice's sum and accumulator were taken against its own maximum. Against which "
+          "common maximum can they be added, and what weight does a slice that saw no token get?",
+          "M = ms.amax(0); w = exp(ms - M), and 0 where ms is -inf; a head whose M is -inf saw "
+          "nothing at all: raise ValueError.",
+          "Return (w[..., None] * accs).sum(0) / (w * ls).sum(0)[:, None] in float32; ValueError "
+          "when the shapes are not (P, R), (P, R), (P, R, hd)."],
+    wrong=[_wrong_combine_mean, _wrong_combine_no_max, _wrong_combine_ignore_m,
+           _wrong_combine_nan_when_empty, _wrong_combine_dtype],
+    rtol=1e-5, atol=1e-6,
 ))

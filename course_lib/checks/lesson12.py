@@ -32,7 +32,20 @@ def _div_cases():
         Case((_t([]), _t([1, 2])), label="an empty generation: 0"),
         Case((_t([[1, 2], [3, 4]]), _t([[1, 2], [3, 4]])),
              label="a (2, 2) batch, not one sequence: raise ValueError", raises=ValueError),
+        Case((torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5])),
+             label="float scores, not token ids: raise TypeError", raises=TypeError),
+        Case((_t([4, 4, 4]), torch.tensor([4, 4, 5], dtype=torch.int32)),
+             label="int64 against int32 ids: the values count, not the dtype"),
     ]
+
+
+def _wrong_div_floats(ref_ids, ids):                 # accepts logits or scores as "ids"
+    a, b = torch.as_tensor(ref_ids), torch.as_tensor(ids)
+    if a.dim() != 1 or b.dim() != 1:
+        raise ValueError("1-D only")
+    n = min(len(a), len(b))
+    differ = (a[:n] != b[:n]).nonzero()
+    return int(differ[0, 0]) if len(differ) else n
 
 
 def _wrong_div_count(ref_ids, ids):                  # counts agreeing positions anywhere
@@ -80,38 +93,68 @@ register(Exercise(
           "difference?",
           "Compare only the first min(len(a), len(b)) positions; `(a[:n] != b[:n]).nonzero()` "
           "lists the differing positions in order.",
-          "Raise ValueError unless both are 1-D; return the first differing index, or n when "
-          "there is none."],
-    wrong=[_wrong_div_count, _wrong_div_longer, _wrong_div_plus_one, _wrong_div_last],
+          "Raise ValueError unless both are 1-D, TypeError when either holds floats "
+          "(`t.is_floating_point()`); return int(first differing index), or n when there is none."],
+    wrong=[_wrong_div_count, _wrong_div_longer, _wrong_div_plus_one, _wrong_div_last,
+           _wrong_div_floats],
     rtol=0, atol=0, check_dtype=False, int_results=True,
 ))
 
 
 # ---------------------------------------------------------------- 12.choose_scheme
 
+def _edge_params(gpu, batch, context, side):
+    """A parameter count whose 8-bit weights sit just inside (side -1) or outside (+1) the
+    room the rule leaves next to the cache and the workspace."""
+    g = hw.get_gpu(gpu)
+    p = 70.6e9
+    for _ in range(4):                                   # the KV shape depends on the size
+        kv = batch * context * guide.kv_bytes_per_token_for(p) / 1e9
+        p = (g.usable_gb() - hw.DEFAULT_WORKSPACE_GB - kv) * 1e9
+    return p * (1 + side * 2e-3)
+
+
 def _scheme_cases():
     c = []
-    for limit, gpu, params, why in [
-        ("prefill", "H100", 8.03e9, "Hopper has FP8 tensor cores"),
-        ("prefill", "L40S", 70.6e9, "Ada (cc 8.9) has FP8 tensor cores too"),
-        ("prefill", "A100 80GB", 8.03e9, "Ampere: no FP8 maths, INT8 yes"),
-        ("prefill", "MI300X", 70.6e9, "AMD: no CUDA compute capability, FP8 maths yes"),
-        ("decode", "H100", 8.03e9, "one user, memory-bound"),
-        ("decode", "A100 40GB", 70.6e9, "memory-bound on any GPU"),
-        ("memory", "H100", 8.03e9, "8-bit 8B weights leave room on an H100"),
-        ("memory", "H100", 70.6e9, "8-bit 70B fits in 72 GB but leaves no room: fits is not servable"),
-        ("memory", "A100 80GB", 8.03e9, "8 bits without FP8 maths"),
-        ("memory", "B200", 70.6e9, "8-bit 70B leaves room on a 180 GB B200"),
-        ("memory", "RTX 4090", 8.03e9, "8B in 8 bits on a 24 GB card: 8.03 of 10.8 GB"),
-        ("accuracy", "H100", 8.03e9, "BF16 8B leaves room: do not quantize"),
-        ("accuracy", "H200", 70.6e9, "BF16 70B is 141 GB: 8-bit weights"),
-        ("accuracy", "RTX 4090", 8.03e9, "BF16 8B (16 GB) on a 24 GB card leaves too little"),
-        ("accuracy", "MI300X", 2e9, "a small model"),
+    for args, why in [
+        (("prefill", "H100", 8.03e9), "Hopper has FP8 tensor cores"),
+        (("prefill", "L40S", 70.6e9), "Ada (cc 8.9) has FP8 tensor cores too"),
+        (("prefill", "A100 80GB", 8.03e9), "Ampere: no FP8 maths, INT8 yes"),
+        (("prefill", "MI300X", 70.6e9), "AMD: no CUDA compute capability, FP8 maths yes"),
+        (("decode", "H100", 8.03e9), "measured: W8A8 beat BF16 at decode, W4A16 did not"),
+        (("decode", "A100 80GB", 8.03e9), "decode without FP8 maths: INT8 W8A8"),
+        (("decode", "A100 40GB", 70.6e9), "8-bit 70B leaves no room on 40 GB: 4 bits"),
+        (("decode", "H100", 8.03e9, 64, 4096), "64 users: the cache outweighs the weights"),
+        (("memory", "H100", 8.03e9), "8-bit 8B weights leave room on an H100"),
+        (("memory", "H100", 70.6e9), "8-bit 70B + cache + workspace > 72 GB: fits is not servable"),
+        (("memory", "A100 80GB", 8.03e9), "8 bits without FP8 maths"),
+        (("memory", "B200", 70.6e9), "8-bit 70B leaves room on a 180 GB B200"),
+        (("memory", "RTX 4090", 8.03e9), "8B in 8 bits on a 24 GB card"),
+        (("memory", "H100", 60e9, 8, 4096), "8 users' cache pushes 60B in 8 bits out of room"),
+        (("memory", "H100", 8.03e9, 1, 131072), "one 128k-token conversation: FP8 cache"),
+        (("memory", "H100", _edge_params("H100", 1, 4096, -1)),
+         "8-bit weights just inside the room"),
+        (("memory", "H100", _edge_params("H100", 1, 4096, +1)),
+         "8-bit weights just outside the room"),
+        (("decode", "H200", _edge_params("H200", 4, 8192, +1), 4, 8192),
+         "decode just outside the room: 4 bits"),
+        (("accuracy", "H100", 8.03e9), "BF16 8B leaves room: do not quantize"),
+        (("accuracy", "H200", 70.6e9), "BF16 70B is 141 GB: 8-bit weights"),
+        (("accuracy", "RTX 4090", 8.03e9, 8, 8192), "BF16 8B + 8 users' cache > 21.6 GB"),
+        (("accuracy", "H200", 8.03e9, 64, 4096), "accuracy first: no FP8 cache even for 64 users"),
+        (("accuracy", "MI300X", 2e9), "a small model"),
+        (("decode", "H100", 4294967296.0, 1, 16384),
+         "a tie: the BF16 cache is exactly a quarter of the BF16 weights (FP8 cache)"),
+        (("decode", "H100", 4294967296.0, 1, 16383), "one token below the tie: BF16 cache"),
     ]:
-        c.append(Case((limit, gpu, params), label=f"{limit} on {gpu}, {params / 1e9:g}B: {why}"))
-    c.append(Case(("speed", "H100", 8e9), label="an unknown limit: raise ValueError",
-                  raises=ValueError))
-    c.append(Case(("decode", "H100", 0), label="0 parameters: raise ValueError", raises=ValueError))
+        c.append(Case(args, label=why))
+    for args, why in [(("speed", "H100", 8e9), "an unknown limit"),
+                      (("decode", "H100", 0), "0 parameters"),
+                      (("decode", "H100", -8e9), "negative parameters"),
+                      (("decode", "H100", float("nan")), "NaN parameters"),
+                      (("decode", "H100", 8e9, 0, 4096), "a batch of 0"),
+                      (("decode", "H100", 8e9, 1, 4096.5), "a context that is not whole")]:
+        c.append(Case(args, label=f"{why}: raise ValueError", raises=ValueError))
     return c
 
 
@@ -119,69 +162,108 @@ def _native(gpu, fmt):
     return hw.get_gpu(gpu).native_tflops(fmt) is not None
 
 
-def _check(limit, params):
+def _check(limit, params, batch=1, context=4096):
     if limit not in guide.LIMITS or not params > 0:
         raise ValueError("bad input")
+    for v in (batch, context):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError("bad input")
 
 
-def _wrong_scheme_hopper_only(limit, gpu, params):    # FP8 only from cc 9.0 (forgets Ada)
-    _check(limit, params)
+def _rule(limit, gpu, params, batch, context, workspace=hw.DEFAULT_WORKSPACE_GB, count_kv=True,
+          decode=None, kv=None, fp8=None):
+    """The rule with one piece swapped out (the wrong answers below)."""
+    _check(limit, params, batch, context)
     g = hw.get_gpu(gpu)
-    fp8 = g.compute_capability is not None and g.compute_capability >= (9, 0)
-    if limit == "prefill":
-        return "fp8_w8a8" if fp8 else "int8_w8a8"
-    return guide.choose_scheme(limit, gpu, params)
-
-
-def _wrong_scheme_fits(limit, gpu, params):           # all usable memory for weights
-    _check(limit, params)
-    usable = hw.get_gpu(gpu).usable_gb()
+    kv_cache = kv(limit, params, batch, context) if kv else guide.choose_kv_cache(
+        limit, params, batch, context)
+    has_fp8 = fp8(g) if fp8 else _native(gpu, "fp8")
+    cache = batch * context * guide.kv_bytes_per_token_for(params) / 1e9 / (
+        2 if kv_cache == "fp8" else 1)
+    room = g.usable_gb() - workspace - (cache if count_kv else 0)
+    if limit == "accuracy":
+        return ("bf16" if 2 * params / 1e9 <= room else "w8a16"), kv_cache
     if limit == "memory":
-        if params / 1e9 <= usable:
-            return "fp8_w8a8" if _native(gpu, "fp8") else "w8a16"
-        return "w4a16"
-    if limit == "accuracy":
-        return "bf16" if 2 * params / 1e9 <= usable else "w8a16"
-    return guide.choose_scheme(limit, gpu, params)
+        return (("fp8_w8a8" if has_fp8 else "w8a16") if params / 1e9 <= room else "w4a16"), kv_cache
+    if limit == "decode":
+        if decode:
+            return decode(params / 1e9 <= room, has_fp8, _native(gpu, "int8")), kv_cache
+        if params / 1e9 > room:
+            return "w4a16", kv_cache
+        return ("fp8_w8a8" if has_fp8 else "int8_w8a8" if _native(gpu, "int8") else "w8a16"), kv_cache
+    return ("fp8_w8a8" if has_fp8 else "int8_w8a8" if _native(gpu, "int8") else "bf16"), kv_cache
 
 
-def _wrong_scheme_w4_prefill(limit, gpu, params):     # fewest bytes for everything
-    _check(limit, params)
-    if limit == "prefill":
-        return "w4a16"
-    return guide.choose_scheme(limit, gpu, params)
+def _wrong_scheme_hopper_only(limit, gpu, params, batch=1, context=4096):   # forgets Ada
+    return _rule(limit, gpu, params, batch, context, fp8=lambda g: g.compute_capability is not None
+                 and g.compute_capability >= (9, 0))
 
 
-def _wrong_scheme_fp8_everywhere(limit, gpu, params):  # FP8 W8A8 whatever the GPU
-    _check(limit, params)
-    if limit in ("prefill", "memory") and guide.choose_scheme(limit, gpu, params) != "w4a16":
-        return "fp8_w8a8"
-    return guide.choose_scheme(limit, gpu, params)
+def _wrong_scheme_no_kv_room(limit, gpu, params, batch=1, context=4096):    # weights + workspace
+    return _rule(limit, gpu, params, batch, context, count_kv=False)
 
 
-def _wrong_scheme_accuracy_fp8(limit, gpu, params):    # quantizes even when BF16 fits
-    _check(limit, params)
-    if limit == "accuracy":
-        return "fp8_w8a8" if _native(gpu, "fp8") else "w8a16"
-    return guide.choose_scheme(limit, gpu, params)
+def _wrong_scheme_no_workspace(limit, gpu, params, batch=1, context=4096):  # weights + cache
+    return _rule(limit, gpu, params, batch, context, workspace=0.0)
+
+
+def _wrong_scheme_decode_bytes(limit, gpu, params, batch=1, context=4096):  # fewest bytes
+    return _rule(limit, gpu, params, batch, context, decode=lambda room, fp8, int8: "w4a16")
+
+
+def _wrong_scheme_decode_w8a16(limit, gpu, params, batch=1, context=4096):  # weight-only 8-bit
+    return _rule(limit, gpu, params, batch, context,
+                 decode=lambda room, fp8, int8: "w8a16" if room else "w4a16")
+
+
+def _wrong_scheme_kv_always(limit, gpu, params, batch=1, context=4096):     # FP8 cache always
+    return _rule(limit, gpu, params, batch, context, kv=lambda *a: "fp8")
+
+
+def _wrong_scheme_kv_for_accuracy(limit, gpu, params, batch=1, context=4096):
+    def kv(lim, p, b, c):                                    # the cache rule ignores the limit
+        return guide.choose_kv_cache("decode", p, b, c)
+    return _rule(limit, gpu, params, batch, context, kv=kv)
+
+
+def _wrong_scheme_kv_strict(limit, gpu, params, batch=1, context=4096):     # > where >= is asked
+    def kv(lim, p, b, c):
+        share = b * c * guide.kv_bytes_per_token_for(p) / (p * 2)
+        return "fp8" if lim != "accuracy" and share > guide.KV_FP8_SHARE else "bf16"
+    return _rule(limit, gpu, params, batch, context, kv=kv)
+
+
+def _wrong_scheme_kv_per_user(limit, gpu, params, batch=1, context=4096):   # forgets the batch
+    return _rule(limit, gpu, params, batch, context,
+                 kv=lambda lim, p, b, c: guide.choose_kv_cache(lim, p, 1, c))
+
+
+def _wrong_scheme_no_input_checks(limit, gpu, params, batch=1, context=4096):
+    if limit not in guide.LIMITS or not params > 0:           # batch and context unchecked
+        raise ValueError("bad input")
+    return guide.choose_scheme(limit, gpu, params, max(int(batch), 1), max(int(context), 1))
 
 
 register(Exercise(
     id="12.choose_scheme",
-    title="the decision rule: what limits you, GPU, model size -> scheme",
+    title="the decision rule: what limits you, GPU, model size, users, context -> scheme",
     reference=guide.choose_scheme,
     cases=_scheme_cases,
-    hint=["Which of the four limits is about bytes read, which about maths, which about room "
-          "in memory? Which GPUs compute FP8, and how do you find out without a compute "
-          "capability (AMD has none)?",
-          "Read the catalogue: `hw.get_gpu(gpu).native_tflops('fp8') is None` means no FP8 "
-          "maths. Room for the weights is `guide.WEIGHT_SHARE * gpu.usable_gb()` GB, and "
-          "weights take params x bytes per weight / 1e9 GB.",
-          "accuracy: 'bf16' if 2 x params / 1e9 fits the room, else 'w8a16'. memory: 8-bit "
-          "weights fit the room -> 'fp8_w8a8' (FP8 native) or 'w8a16'; else 'w4a16'. decode: "
-          "'w4a16'. prefill: 'fp8_w8a8', else 'int8_w8a8' (INT8 native), else 'bf16'."],
-    wrong=[_wrong_scheme_hopper_only, _wrong_scheme_fits, _wrong_scheme_w4_prefill,
-           _wrong_scheme_fp8_everywhere, _wrong_scheme_accuracy_fp8],
+    hint=["Settle the cache first: how big is the batch's BF16 cache next to the model's BF16 "
+          "weights, and does the limit allow any loss? Then ask, for each limit, whether the "
+          "weights still have room once that cache and the workspace are placed, and which "
+          "scheme the course's measurements (not the byte count) favour for decode.",
+          "cache_gb = batch x context x guide.kv_bytes_per_token_for(params) / 1e9 (BF16); FP8 "
+          "cache when the limit is not accuracy and cache_gb >= guide.KV_FP8_SHARE x 2 x params "
+          "/ 1e9 (halve cache_gb then). room = g.usable_gb() - hw.DEFAULT_WORKSPACE_GB - cache.",
+          "accuracy: bf16 if 2 x params / 1e9 <= room else w8a16. memory: 8-bit fits -> "
+          "fp8_w8a8 (FP8 native) or w8a16, else w4a16. decode: 8-bit does not fit -> w4a16, "
+          "else fp8_w8a8 / int8_w8a8 / w8a16 by what is native. prefill: fp8_w8a8 / int8_w8a8 "
+          "/ bf16. Return (scheme, kv_cache); ValueError for a bad limit, params, batch or context."],
+    wrong=[_wrong_scheme_hopper_only, _wrong_scheme_no_kv_room, _wrong_scheme_no_workspace,
+           _wrong_scheme_decode_bytes, _wrong_scheme_decode_w8a16, _wrong_scheme_kv_always,
+           _wrong_scheme_kv_for_accuracy, _wrong_scheme_kv_strict, _wrong_scheme_kv_per_user,
+           _wrong_scheme_no_input_checks],
 ))
 
 
@@ -201,12 +283,27 @@ def _answers(table):
     return answer
 
 
-_wrong_quiz_bytes = _answers({**{q: v[2] for q, v in guide.QUIZ.items()}, "q1": "a"})
-_wrong_quiz_bytes.__name__ = "_wrong_quiz_bytes"          # "fewer bytes always means faster"
-_wrong_quiz_four_bits = _answers({**{q: v[2] for q, v in guide.QUIZ.items()}, "q4": "a"})
-_wrong_quiz_four_bits.__name__ = "_wrong_quiz_four_bits"  # "4 bits means 4 bits"
-_wrong_quiz_fits = _answers({**{q: v[2] for q, v in guide.QUIZ.items()}, "q6": "a", "q2": "a"})
-_wrong_quiz_fits.__name__ = "_wrong_quiz_fits"            # "fits means servable", "FP4 anywhere"
+def _with(**changes):
+    return _answers({**{q: v[2] for q, v in guide.QUIZ.items()}, **changes})
+
+
+_wrong_quiz_bytes = _with(q1="a")                           # "fewer bytes always means faster"
+_wrong_quiz_bytes.__name__ = "_wrong_quiz_bytes"
+_wrong_quiz_four_bits = _with(q4="a")                       # "4 bits means 4 bits"
+_wrong_quiz_four_bits.__name__ = "_wrong_quiz_four_bits"
+_wrong_quiz_fits = _with(q6="a")                            # "fits means servable"
+_wrong_quiz_fits.__name__ = "_wrong_quiz_fits"
+_wrong_quiz_fp4 = _with(q2="b")                             # "FP4 maths anywhere"
+_wrong_quiz_fp4.__name__ = "_wrong_quiz_fp4"
+_wrong_quiz_all_b = _answers({q: "b" for q in guide.QUIZ})  # one letter for every question
+_wrong_quiz_all_b.__name__ = "_wrong_quiz_all_b"
+_wrong_quiz_head = _with(q5="b")                            # "every byte counts"
+_wrong_quiz_head.__name__ = "_wrong_quiz_head"
+
+
+def _wrong_quiz_upper(question):                            # "C" is not "c"
+    return guide.quiz_answer(question).upper()
+
 
 register(Exercise(
     id="12.mistakes_quiz",
@@ -219,5 +316,6 @@ register(Exercise(
           "the lesson hold the evidence; `show_question(q)` prints a question and its options.",
           "Return the letter of the option the evidence supports, e.g. {'q1': ..., ...}[question]; "
           "an unknown question raises KeyError."],
-    wrong=[_wrong_quiz_bytes, _wrong_quiz_four_bits, _wrong_quiz_fits],
+    wrong=[_wrong_quiz_bytes, _wrong_quiz_four_bits, _wrong_quiz_fits, _wrong_quiz_fp4,
+           _wrong_quiz_all_b, _wrong_quiz_head, _wrong_quiz_upper],
 ))
