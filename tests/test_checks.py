@@ -488,3 +488,25 @@ def test_a_refusal_that_spoils_the_input_first_is_caught(monkeypatch):
 def test_no_exercise_of_the_course_asks_for_in_place_work():
     """If one ever does, it says so with ``mutates`` and the lesson's text says so too."""
     assert {k: ex.mutates for k, ex in EXERCISES.items() if ex.mutates} == {}
+
+
+# ---- kinds of wrong answers lessons 00-04's checkers let through before (issue 19) ----------
+
+@pytest.mark.parametrize("ex_id, wrong, case_label", [
+    ("01.float_values", "_wrong_values_standard_bias", "bias 0, not its usual 1"),
+    ("00.kv_bytes_per_token", "_kv_head_dim_key_present", "head_dim present but null"),
+    ("00.decode_floor_ms", "_floor_zero_bytes", "0 bytes of weights"),
+    ("02.zero_point", "_wrong_zp_equal_is_empty", "x_min == x_max = 0.5"),
+    ("03.asym_groupwise", "_wrong_asym_equal_is_empty", "constant groups"),
+    ("02.error_metrics", "_wrong_metrics_int_dtype", "uint8 codes"),
+])
+def test_each_kind_that_slipped_through_is_now_caught_by_its_own_case(ex_id, wrong, case_label):
+    """The wrong answer passes every case that existed before and fails on the case added for
+    its kind; the reference passes that case."""
+    ex = EXERCISES[ex_id]
+    fn = next(w for w in ex.wrong if w.__name__ == wrong)
+    result = check(ex_id, fn, quiet=True)
+    assert result.status == "failed" and case_label in result.report, result.report
+    failed_at = next(i for i, c in enumerate(ex.cases()) if case_label in c.label)
+    assert result.passed == failed_at, f"{wrong} should fail first on the new case"
+    assert check(ex_id, ex.reference, quiet=True)
