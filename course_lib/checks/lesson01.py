@@ -287,8 +287,9 @@ def _wrong_round_no_saturation(x):
 def _wrong_round_no_subnormal_clamp(x):
     a = abs(x)
     e = math.floor(math.log2(a)) if a > 0 else -6               # exponent below -6 allowed
-    step = 2.0 ** (e - 3)
-    return math.copysign(min(round(a / step) * step, 448.0), x)
+    spacing = 2.0 ** (e - 3)
+    r = min(round(a / spacing) * spacing, 448.0)
+    return math.copysign(r, x)
 
 
 def _wrong_round_unsigned_zero(x):
