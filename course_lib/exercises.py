@@ -14,10 +14,18 @@ In a solution notebook, solution code sits between nbgrader's markers::
 The generator replaces each block with ``raise NotImplementedError(...)``, keeping its
 indentation and any ``# HINT:`` lines as comments. Outputs and execution counts are
 dropped. Markdown cells may hold blocks too; they become "*(your answer here)*".
+
+A graded cell (nbgrader's ``grade: true``, stamped by ``course_lib.nbmeta``) runs a check and
+keeps its result in a name, ``ok_absmax = check("02.absmax_quantize", absmax_quantize)``:
+nbgrader reads the text a cell *displays* as its partial-credit score, and a bare
+``check(...)`` displays a ``CheckResult`` it cannot read as a number (0.9.6 warns, and gives
+full credit "for now"). ``assert check(...)`` would stop an unsolved exercise notebook at its
+first exercise; the assignment does not. ``graded_cells_that_display`` finds the bare ones.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 import sys
@@ -90,6 +98,31 @@ def make_exercise(nb: dict) -> dict:
             new = strip_solutions(src, markdown=cell["cell_type"] == "markdown")
             cell["source"] = new.splitlines(keepends=True)
     return nb
+
+
+def graded_cells_that_display(nb: dict) -> list[str]:
+    """Ids (or indices) of the graded code cells whose last statement is an expression other
+    than a ``print(...)`` call: a value Jupyter displays and nbgrader reads as a score (see
+    the module doc). Fix: ``name = check(...)``."""
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise ValueError("nb must be a notebook: a dict with a 'cells' list (json.load of an "
+                         ".ipynb file)")
+    found = []
+    for i, cell in enumerate(nb["cells"]):
+        grade = cell.get("metadata", {}).get("nbgrader", {}).get("grade")
+        if cell.get("cell_type") != "code" or not grade:
+            continue
+        src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        try:
+            body = ast.parse(src).body
+        except SyntaxError:
+            continue                                     # nbval reports it when it runs
+        last = body[-1] if body else None
+        if (isinstance(last, ast.Expr) and src.rstrip()[-1:] != ";" and not (
+                isinstance(last.value, ast.Call) and isinstance(last.value.func, ast.Name)
+                and last.value.func.id == "print")):
+            found.append(cell.get("id", str(i)))
+    return found
 
 
 def dumps(nb: dict) -> str:
