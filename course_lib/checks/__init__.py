@@ -375,12 +375,10 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
                 problem = f"your function raised {tb}"
         else:
             problem = changed_inputs(fn, before, (args, kwargs), ex.mutates, ex.reference)
-            if problem:
-                pass                                          # named below, like a wrong value
-            elif case.raises is not None:
+            if not problem and case.raises is not None:
                 problem = (f"expected your function to raise {case.raises.__name__} for this "
                            f"input, but it returned {_short(actual, 120)}")
-            else:
+            elif not problem:
                 expected = ex.reference(*copy.deepcopy(case.args), **copy.deepcopy(case.kwargs))
                 problem = compare_answer(expected, actual, ex.rtol, ex.atol, ex.check_dtype,
                                          ex.signed_zero, ex.int_results, ex.float_results)
