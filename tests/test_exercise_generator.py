@@ -100,3 +100,25 @@ def test_no_graded_cell_displays_a_check_result(path):
     assert any(c.get("metadata", {}).get("nbgrader", {}).get("grade") for c in nb["cells"])
     assert graded_cells_that_display(nb) == [], (
         f"{path.name}: write `name = check(...)` in these graded cells")
+
+
+def test_bare_checks_are_named_mechanically():
+    from course_lib.exercises import name_graded_results
+    nb = _graded('x = 2\ncheck("09.unpack_int4_bits", unpack_int4_bits)\n')
+    nb["cells"].append({"cell_type": "code", "id": "other", "source": "hint('09.x')",
+                        "metadata": {"nbgrader": {"grade": True}}})
+    assert name_graded_results(nb) == ["g"]
+    assert "".join(nb["cells"][0]["source"]) == (
+        'x = 2\nok_unpack_int4_bits = check("09.unpack_int4_bits", unpack_int4_bits)')
+    assert graded_cells_that_display(nb) == ["other"]          # left for a person
+    assert name_graded_results(nb) == []                       # idempotent
+    ungraded = "".join(nb["cells"][1]["source"])
+    assert ungraded == "check('x', f)"
+
+
+def test_naming_the_bare_checks_of_a_lesson_leaves_none(tmp_path):
+    from course_lib.exercises import name_graded_results
+    for path in SOLUTIONS:
+        nb = json.loads(path.read_text())
+        name_graded_results(nb)
+        assert graded_cells_that_display(nb) == [], path.name
