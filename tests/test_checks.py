@@ -338,26 +338,31 @@ def _spoil(x) -> bool:
         else:
             x += 1.0
         return True
-    if isinstance(x, (list, tuple)):
+    if isinstance(x, tuple):
         return any(_spoil(v) for v in x)
+    if isinstance(x, list):
+        if not any(_spoil(v) for v in x):
+            x.append(None)
+        return True
     if isinstance(x, dict):
-        return any(_spoil(v) for v in x.values())
+        if not any(_spoil(v) for v in x.values()):
+            x["spoiled"] = True                        # e.g. a config filled in with defaults
+        return True
     return False
 
 
 def _has_mutable(x) -> bool:
     import torch
-    if isinstance(x, (torch.Tensor, np.ndarray, torch.nn.Module)):
+    if isinstance(x, (torch.Tensor, np.ndarray, torch.nn.Module, list, dict)):
         return True
-    if isinstance(x, (list, tuple)):
+    if isinstance(x, tuple):
         return any(_has_mutable(v) for v in x)
-    if isinstance(x, dict):
-        return any(_has_mutable(v) for v in x.values())
     return False
 
 
 MUTABLE = sorted(k for k, ex in EXERCISES.items()
-                 if any(c.raises is None and _has_mutable((c.args, c.kwargs)) for c in ex.cases()))
+                 if any(c.raises is None and _has_mutable(c.args + tuple(c.kwargs.values()))
+                        for c in ex.cases()))
 
 
 def test_most_exercises_take_something_that_can_be_changed_in_place():
@@ -372,7 +377,7 @@ def test_the_reference_that_spoils_its_input_is_rejected(ex_id):
 
     def spoils(*args, **kwargs):
         result = ex.reference(*args, **kwargs)
-        _spoil((args, kwargs))
+        _spoil(args + tuple(kwargs.values()))
         return result
 
     result = check(ex_id, spoils, quiet=True)
@@ -407,6 +412,19 @@ def test_an_answer_that_divides_in_place_is_rejected_naming_the_argument(norm, c
     assert "your function changed its input `W` in place" in out and "W.copy()" in out
     assert "changed 3 of 3 values (first at index (0,): 1.0 became 0.25)" in out
     assert check(norm, lambda W: W / np.abs(W).max(), quiet=True)          # the copy passes
+
+
+def test_a_config_filled_in_with_defaults_is_a_changed_input():
+    """00.kv_bytes_per_token: writing the derived head_dim into the caller's config."""
+    def fills_in(config, bytes_per_value=2.0):
+        heads = config["num_attention_heads"]
+        if config.get("head_dim") is None:
+            config["head_dim"] = config["hidden_size"] // heads
+        kv = config.get("num_key_value_heads") or heads
+        return 2 * config["num_hidden_layers"] * kv * config["head_dim"] * bytes_per_value
+    result = check("00.kv_bytes_per_token", fills_in, quiet=True)
+    assert not result and "changed its input `config` in place" in result.report
+    assert "copy.deepcopy(config)" in result.report
 
 
 @pytest.mark.parametrize("kind", ["tensor", "list", "dict", "module", "keyword", "dtype"])

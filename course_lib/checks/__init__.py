@@ -170,7 +170,8 @@ def _changed(before: Any, after: Any) -> str | None:
     """None when ``after`` holds what ``before`` held; otherwise where it differs, in words.
 
     Looks inside tensors, arrays, lists, tuples, dicts, dataclasses and torch modules (their
-    ``state_dict``); anything else (numbers, strings, other objects) is taken as unchanged.
+    ``state_dict``), and compares numbers, strings and None held in them; other objects are
+    taken as unchanged.
     """
     if hasattr(before, "detach") and hasattr(before, "dtype"):            # torch.Tensor
         if not (hasattr(after, "detach") and hasattr(after, "dtype")):
@@ -213,6 +214,10 @@ def _changed(before: Any, after: Any) -> str | None:
             if p:
                 return f"its .{f.name} {p}"
         return None
+    if before is None or isinstance(before, (bool, int, float, complex, str, bytes, np.generic)):
+        same = type(after) is type(before) and (
+            before == after or (before != before and after != after))      # NaN stays NaN
+        return None if same else f"changed from {before!r} to {after!r}"
     return None
 
 
