@@ -2,6 +2,7 @@
 
     python -m course_lib.exercises          # (re)write exercises/
     python -m course_lib.exercises --check  # exit 1 if exercises/ is stale (tests run this)
+    python -m course_lib.exercises --name-results   # graded `check(...)` -> `ok_NAME = check(...)`
 
 In a solution notebook, solution code sits between nbgrader's markers::
 
@@ -14,10 +15,19 @@ In a solution notebook, solution code sits between nbgrader's markers::
 The generator replaces each block with ``raise NotImplementedError(...)``, keeping its
 indentation and any ``# HINT:`` lines as comments. Outputs and execution counts are
 dropped. Markdown cells may hold blocks too; they become "*(your answer here)*".
+
+A graded cell (nbgrader's ``grade: true``, stamped by ``course_lib.nbmeta``) runs a check and
+keeps its result in a name, ``ok_absmax = check("02.absmax_quantize", absmax_quantize)``:
+nbgrader reads the text a cell *displays* as its partial-credit score, and a bare
+``check(...)`` displays a ``CheckResult`` it cannot read as a number (0.9.6 warns, and gives
+full credit "for now"). ``assert check(...)`` would stop an unsolved exercise notebook at its
+first exercise; the assignment does not. ``graded_cells_that_display`` finds the bare ones and
+``--name-results`` (``name_graded_results``) names them.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 import sys
@@ -92,6 +102,51 @@ def make_exercise(nb: dict) -> dict:
     return nb
 
 
+def graded_cells_that_display(nb: dict) -> list[str]:
+    """Ids (or indices) of the graded code cells whose last statement is an expression other
+    than a ``print(...)`` call: a value Jupyter displays and nbgrader reads as a score (see
+    the module doc). Fix: ``name = check(...)``."""
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise ValueError("nb must be a notebook: a dict with a 'cells' list (json.load of an "
+                         ".ipynb file)")
+    found = []
+    for i, cell in enumerate(nb["cells"]):
+        grade = cell.get("metadata", {}).get("nbgrader", {}).get("grade")
+        if cell.get("cell_type") != "code" or not grade:
+            continue
+        src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        try:
+            body = ast.parse(src).body
+        except SyntaxError:
+            continue                                     # nbval reports it when it runs
+        last = body[-1] if body else None
+        if (isinstance(last, ast.Expr) and src.rstrip()[-1:] != ";" and not (
+                isinstance(last.value, ast.Call) and isinstance(last.value.func, ast.Name)
+                and last.value.func.id == "print")):
+            found.append(cell.get("id", str(i)))
+    return found
+
+
+def name_graded_results(nb: dict) -> list[str]:
+    """Rewrite, in place, each graded cell whose last line is a bare ``check("NN.name", fn)``
+    into ``ok_name = check("NN.name", fn)``; return the ids of the cells changed. Cells that
+    display something else are left for a person (``graded_cells_that_display`` lists them)."""
+    changed = []
+    bare = set(graded_cells_that_display(nb))
+    for i, cell in enumerate(nb["cells"]):
+        if cell.get("id", str(i)) not in bare:
+            continue
+        src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        lines = src.rstrip("\n").split("\n")
+        m = re.fullmatch(r"""check\((["'])\d\d\.(\w+)\1\s*,.*\)\s*""", lines[-1])
+        if m is None:
+            continue
+        lines[-1] = f"ok_{m.group(2)} = {lines[-1]}"
+        cell["source"] = "\n".join(lines).splitlines(keepends=True)
+        changed.append(cell.get("id", str(i)))
+    return changed
+
+
 def dumps(nb: dict) -> str:
     """Serialise a notebook the way nbformat does (indent 1, trailing newline)."""
     return json.dumps(nb, indent=1, ensure_ascii=False, sort_keys=True) + "\n"
@@ -119,7 +174,22 @@ def stale_exercises(root: Path = ROOT) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only report stale files")
+    parser.add_argument("--name-results", action="store_true",
+                        help="in solutions/, turn graded cells' bare check(...) into "
+                             "ok_NAME = check(...) (nbgrader reads a displayed value as a score)")
     args = parser.parse_args(argv)
+    if args.name_results:
+        for sol in sorted((ROOT / "solutions").glob("*.ipynb")):
+            nb = json.loads(sol.read_text())
+            ids = name_graded_results(nb)
+            if ids:
+                sol.write_text(dumps(nb))
+                print(f"{sol.relative_to(ROOT)}: named the result in {', '.join(ids)}")
+            left = graded_cells_that_display(nb)
+            if left:
+                print(f"{sol.relative_to(ROOT)}: still displays a value, fix by hand: "
+                      f"{', '.join(left)}")
+        return 0
     if args.check:
         stale = stale_exercises()
         for s in stale:

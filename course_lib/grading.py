@@ -24,6 +24,7 @@ nbgrader runs ``alembic`` from the environment's ``bin`` folder: activate the en
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -53,7 +54,11 @@ c.Execute.timeout = {timeout}
 
 def lessons(root: Path = ROOT) -> list[str]:
     """The assignment names: one per solution notebook (``02_absmax_and_zero_points``...)."""
-    return [p.stem for p in sorted((root / "solutions").glob("*.ipynb"))]
+    names = [p.stem for p in sorted((Path(root) / "solutions").glob("*.ipynb"))]
+    if not names:
+        raise ValueError(f"no solution notebooks in {Path(root) / 'solutions'}: root must be the "
+                         f"course's folder (the one holding solutions/)")
+    return names
 
 
 def setup_course(course_dir: str | Path, only: list[str] | None = None, timeout: int = 600,
@@ -61,14 +66,28 @@ def setup_course(course_dir: str | Path, only: list[str] | None = None, timeout:
     """Write an nbgrader course folder (config + ``source/<lesson>/``); return its assignments.
 
     ``only``: lesson numbers or names to include (``["02", "04_a_real_model"]``); all by default.
+    ``timeout``: seconds nbgrader gives each cell (a whole number >= 1).
     """
+    if not isinstance(course_dir, (str, os.PathLike)) or not str(course_dir).strip():
+        raise ValueError(f"course_dir must be a folder path (str or Path), got {course_dir!r}")
     course = Path(course_dir)
+    if course.exists() and not course.is_dir():
+        raise ValueError(f"course_dir {str(course)!r} is a file; give a folder (new or an "
+                         f"nbgrader course folder made by this command)")
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+        raise ValueError(f"timeout is the seconds nbgrader gives each cell, a whole number >= 1 "
+                         f"(600 by default); got {timeout!r}")
     names = lessons(root)
-    if only:
+    if only is not None:
+        if isinstance(only, (str, bytes)) or not all(isinstance(o, str) for o in only):
+            raise ValueError(f"only must be a list of lesson numbers or names, e.g. ['02'] or "
+                             f"['04_a_real_model']; got {only!r}")
         unknown = [o for o in only if not any(n == o or n.startswith(f"{o}_") for n in names)]
         if unknown:
             raise ValueError(f"no lesson {unknown}; lessons: {', '.join(names)}")
         names = [n for n in names if any(n == o or n.startswith(f"{o}_") for o in only)]
+        if not names:
+            raise ValueError("only is empty: name at least one lesson, or pass None for all")
     course.mkdir(parents=True, exist_ok=True)
     (course / "nbgrader_config.py").write_text(CONFIG.format(timeout=int(timeout)))
     for name in names:
@@ -101,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("lessons", nargs="*", help="lesson numbers or names (default: all)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell when grading")
     args = parser.parse_args(argv)
-    names = setup_course(args.course_dir, args.lessons or None, args.timeout)
+    try:
+        names = setup_course(args.course_dir, args.lessons or None, args.timeout)
+    except ValueError as err:
+        parser.error(str(err))
     print(f"{args.course_dir}: {len(names)} assignment(s): {', '.join(names)}")
     print(f"next: cd {args.course_dir} && nbgrader generate_assignment {names[0]} --force")
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,32 +24,58 @@ from course_lib.exercises import ROOT
 
 FILE_NAME = ".progress.json"
 ENV = "COURSE_PROGRESS_FILE"
+VERSION = 1
+_EXERCISE_ID = re.compile(r"^\d\d\.[A-Za-z_][A-Za-z0-9_]*$")     # "02.absmax_quantize"
+_REPAIR = "delete it or call course_lib.progress(reset=True)"
 
 
 def progress_file(path: str | Path | None = None) -> Path:
     """Where progress is kept: ``path``, else ``$COURSE_PROGRESS_FILE``, else the course folder."""
-    if path is not None:
-        return Path(path)
-    if os.environ.get(ENV):
-        return Path(os.environ[ENV])
-    return ROOT / FILE_NAME
+    if path is None:
+        path = os.environ.get(ENV) or ROOT / FILE_NAME
+        where = f"${ENV}" if os.environ.get(ENV) else "the default"
+    else:
+        where = "path"
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ValueError(f"{where} must name a progress file (a str or Path such as "
+                         f"'~/my_progress.json'), got {path!r}")
+    file = Path(path).expanduser()
+    if file.is_dir():
+        raise ValueError(f"{where} {str(file)!r} is a folder; give the path of a file inside it, "
+                         f"e.g. {str(file / FILE_NAME)!r}")
+    return file
 
 
 def load(path: str | Path | None = None) -> dict[str, dict]:
-    """The passed exercises: ``{exercise_id: {"at": iso time, "cases": n}}`` (empty if none)."""
+    """The passed exercises: ``{exercise_id: {"at": iso time, "cases": n}}`` (empty if none).
+
+    A damaged file (not JSON, not a progress record, entries of the wrong shape, a newer
+    version) raises ``ValueError`` saying so and how to start again."""
     file = progress_file(path)
     if not file.exists():
         return {}
     try:
-        data = json.loads(file.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{file} is not valid JSON ({err}); delete it or call "
-                         f"course_lib.progress(reset=True)") from err
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{file} is not valid JSON ({err}); {_REPAIR}") from err
     passed = data.get("passed", {}) if isinstance(data, dict) else None
     if not isinstance(passed, dict):
-        raise ValueError(f"{file} does not hold a progress record; delete it or call "
-                         f"course_lib.progress(reset=True)")
+        raise ValueError(f"{file} does not hold a progress record (a JSON object with a "
+                         f"'passed' object); {_REPAIR}")
+    version = data.get("version", VERSION)
+    if version != VERSION:
+        raise ValueError(f"{file} is a progress record of version {version!r}; this course "
+                         f"reads version {VERSION}. Update the course, or {_REPAIR}")
+    for ex_id, entry in passed.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("at"), str)
+                and _valid_cases(entry.get("cases"))):
+            raise ValueError(f"{file}: the entry for {ex_id!r} is damaged ({entry!r}; expected "
+                             f"{{'at': an ISO time, 'cases': a whole number >= 1}}); {_REPAIR}")
     return passed
+
+
+def _valid_cases(cases) -> bool:
+    return isinstance(cases, int) and not isinstance(cases, bool) and cases >= 1
 
 
 def _save(passed: dict[str, dict], file: Path) -> None:
@@ -62,6 +89,12 @@ def _save(passed: dict[str, dict], file: Path) -> None:
 
 def record_pass(exercise_id: str, cases: int, path: str | Path | None = None) -> None:
     """Note that ``exercise_id`` passed all its ``cases`` (called by ``check``)."""
+    if not isinstance(exercise_id, str) or not _EXERCISE_ID.match(exercise_id):
+        raise ValueError(f"exercise_id must be a lesson number and a name, like "
+                         f"'02.absmax_quantize'; got {exercise_id!r}")
+    if not _valid_cases(cases):
+        raise ValueError(f"cases must be the number of cases passed, a whole number >= 1; "
+                         f"got {cases!r}")
     file = progress_file(path)
     passed = load(file)
     passed[exercise_id] = {"at": datetime.now().isoformat(timespec="seconds"), "cases": cases}

@@ -308,3 +308,223 @@ def test_first_hint_step_is_a_question_not_code(ex_id):
     for token in ("np.", " = ", "**", "<<", ">>", "return ", "0x7FFF", "round("):
         assert token not in first, f"{ex_id}: hint step 1 gives code away ({token!r}): {first}"
     assert "?" in first, f"{ex_id}: hint step 1 should ask the learner something"
+
+
+# ---- inputs changed in place (issue 19): the harness compares every argument after the call ---
+
+def _spoil(x) -> bool:
+    """Change ``x`` in place (the first tensor, array or module weight found); True if done."""
+    import torch
+    if isinstance(x, torch.nn.Module):
+        for p in x.parameters():
+            with torch.no_grad():
+                p.mul_(0.5)
+            return True
+        return False
+    if isinstance(x, torch.Tensor) and x.numel():
+        with torch.no_grad():
+            if x.dtype == torch.bool:
+                x.logical_not_()
+            elif x.is_floating_point():
+                x.add_(1.0)
+            else:
+                x.bitwise_xor_(1)
+        return True
+    if isinstance(x, np.ndarray) and x.size and x.flags.writeable:
+        if x.dtype == bool:
+            np.logical_not(x, out=x)
+        elif x.dtype.kind in "iu":
+            x ^= 1
+        else:
+            x += 1.0
+        return True
+    if isinstance(x, tuple):
+        return any(_spoil(v) for v in x)
+    if isinstance(x, list):
+        if not any(_spoil(v) for v in x):
+            x.append(None)
+        return True
+    if isinstance(x, dict):
+        if not any(_spoil(v) for v in x.values()):
+            x["spoiled"] = True                        # e.g. a config filled in with defaults
+        return True
+    return False
+
+
+def _has_mutable(x) -> bool:
+    import torch
+    if isinstance(x, (torch.Tensor, np.ndarray, torch.nn.Module, list, dict)):
+        return True
+    if isinstance(x, tuple):
+        return any(_has_mutable(v) for v in x)
+    return False
+
+
+MUTABLE = sorted(k for k, ex in EXERCISES.items()
+                 if any(c.raises is None and _has_mutable(c.args + tuple(c.kwargs.values()))
+                        for c in ex.cases()))
+
+
+def test_most_exercises_take_something_that_can_be_changed_in_place():
+    assert len(MUTABLE) >= 25, MUTABLE
+
+
+@pytest.mark.parametrize("ex_id", MUTABLE)
+def test_the_reference_that_spoils_its_input_is_rejected(ex_id):
+    """Every exercise of the course: the right answer, computed, and then an input changed in
+    place, fails its check with a message naming the argument."""
+    ex = EXERCISES[ex_id]
+
+    def spoils(*args, **kwargs):
+        result = ex.reference(*args, **kwargs)
+        _spoil(args + tuple(kwargs.values()))
+        return result
+
+    result = check(ex_id, spoils, quiet=True)
+    assert result.status == "failed", f"{ex_id}: a function that changes its input passed"
+    assert "changed its input `argument " in result.report, result.report
+
+
+def _normalise(w):
+    return w / np.abs(w).max()
+
+
+NORM = Exercise(id="toy.normalise", title="scale to max 1", reference=_normalise,
+                cases=lambda: [Case((np.array([1.0, -4.0, 2.0]),), label="small"),
+                               Case((np.array([[0.5, 0.25]]),), label="2-D")],
+                hint="divide by the largest magnitude")
+
+
+@pytest.fixture
+def norm(monkeypatch):
+    monkeypatch.setitem(checks.EXERCISES, NORM.id, NORM)
+    return NORM.id
+
+
+def test_an_answer_that_divides_in_place_is_rejected_naming_the_argument(norm, capsys):
+    def in_place(W):
+        W /= np.abs(W).max()                  # right values, but the caller's W is gone
+        return W
+
+    result = check(norm, in_place)
+    out = capsys.readouterr().out
+    assert result.status == "failed" and result.passed == 0
+    assert "your function changed its input `W` in place" in out and "W.copy()" in out
+    assert "changed 3 of 3 values (first at index (0,): 1.0 became 0.25)" in out
+    assert check(norm, lambda W: W / np.abs(W).max(), quiet=True)          # the copy passes
+
+
+def test_a_config_filled_in_with_defaults_is_a_changed_input():
+    """00.kv_bytes_per_token: writing the derived head_dim into the caller's config."""
+    def fills_in(config, bytes_per_value=2.0):
+        heads = config["num_attention_heads"]
+        if config.get("head_dim") is None:
+            config["head_dim"] = config["hidden_size"] // heads
+        kv = config.get("num_key_value_heads") or heads
+        return 2 * config["num_hidden_layers"] * kv * config["head_dim"] * bytes_per_value
+    result = check("00.kv_bytes_per_token", fills_in, quiet=True)
+    assert not result and "changed its input `config` in place" in result.report
+    assert "copy.deepcopy(config)" in result.report
+
+
+@pytest.mark.parametrize("kind", ["tensor", "list", "dict", "module", "keyword", "dtype"])
+def test_every_kind_of_input_is_compared(monkeypatch, kind):
+    import torch
+    lin = torch.nn.Linear(3, 2)
+    cases = {
+        "tensor": (torch.tensor([1.0, float("nan"), 3.0]),),      # NaN == NaN: not a change
+        "list": ([torch.ones(2), torch.zeros(2)],),
+        "dict": ({"w": np.ones(3), "bits": 4},),
+        "module": (lin,),
+        "keyword": (),
+        "dtype": (torch.ones(3),),
+    }
+    kwargs = {"x": torch.ones(2)} if kind == "keyword" else {}
+    ex = Exercise(id="toy.any", title="anything", reference=lambda *a, **k: 0.0,
+                  cases=lambda: [Case(cases[kind], kwargs)] * 3, hint="leave the input alone")
+    monkeypatch.setitem(checks.EXERCISES, ex.id, ex)
+    assert check(ex.id, lambda *a, **k: 0.0, quiet=True)           # reading is fine
+
+    def spoil(*a, **k):
+        if kind == "tensor":
+            a[0][0] = 7.0
+        elif kind == "list":
+            a[0].append(torch.ones(1))
+        elif kind == "dict":
+            a[0]["w"][2] = 0.0
+        elif kind == "module":
+            with torch.no_grad():
+                a[0].bias.zero_()
+        elif kind == "keyword":
+            k["x"].mul_(3)
+        else:
+            a[0].data = a[0].data.double()
+        return 0.0
+
+    result = check(ex.id, spoil, quiet=True)
+    words = {"tensor": "changed 1 of 3 values", "list": "length went from 2 to 3",
+             "dict": "['w'] changed 1 of 3", "module": "'bias' changed",
+             "keyword": "`x` in place", "dtype": "dtype from torch.float32 to torch.float64"}
+    assert not result and words[kind] in result.report, result.report
+
+
+def test_an_exercise_that_asks_for_in_place_work_can_say_so(monkeypatch):
+    def scale_(w, factor):
+        w *= factor
+        return w
+    ex = Exercise(id="toy.scale_", title="scale in place", reference=scale_,
+                  cases=lambda: [Case((np.ones(3), 2.0)), Case((np.arange(3.0), 0.5)),
+                                 Case((np.zeros(2), 3.0))],
+                  hint="multiply in place", mutates=("w",))
+    monkeypatch.setitem(checks.EXERCISES, ex.id, ex)
+    assert check(ex.id, scale_, quiet=True)
+    def other_name(arr, f):                      # the learner's names do not matter
+        arr *= f
+        return arr
+    assert check(ex.id, other_name, quiet=True)
+    strict = Exercise(**{**ex.__dict__, "id": "toy.scale_strict", "mutates": ()})
+    monkeypatch.setitem(checks.EXERCISES, strict.id, strict)
+    assert "changed its input `w` in place" in check(strict.id, scale_, quiet=True).report
+
+
+def test_a_refusal_that_spoils_the_input_first_is_caught(monkeypatch):
+    ex = Exercise(id="toy.refuse", title="refuse negatives", reference=_double,
+                  cases=lambda: [Case((np.ones(2),)), Case((np.arange(3.0),)),
+                                 Case((np.array([-1.0, 2.0]),), raises=ValueError)],
+                  hint="refuse negatives")
+    monkeypatch.setitem(checks.EXERCISES, ex.id, ex)
+
+    def clips_then_refuses(x):
+        if (x < 0).any():
+            x[x < 0] = 0.0                       # the caller's array is changed, then refused
+            raise ValueError("negative values")
+        return 2 * x
+    result = check(ex.id, clips_then_refuses, quiet=True)
+    assert not result and result.passed == 2 and "`x` in place" in result.report
+
+
+def test_no_exercise_of_the_course_asks_for_in_place_work():
+    """If one ever does, it says so with ``mutates`` and the lesson's text says so too."""
+    assert {k: ex.mutates for k, ex in EXERCISES.items() if ex.mutates} == {}
+
+
+# ---- kinds of wrong answers lessons 00-04's checkers let through before (issue 19) ----------
+
+@pytest.mark.parametrize("ex_id, wrong, case_label", [
+    ("01.float_values", "_wrong_values_standard_bias", "bias 0, not its usual 1"),
+    ("00.kv_bytes_per_token", "_kv_head_dim_key_present", "head_dim present but null"),
+    ("00.decode_floor_ms", "_floor_zero_bytes", "0 bytes of weights"),
+    ("02.zero_point", "_wrong_zp_equal_is_empty", "x_min == x_max = 0.5"),
+    ("03.asym_groupwise", "_wrong_asym_equal_is_empty", "constant groups"),
+    ("02.error_metrics", "_wrong_metrics_int_dtype", "uint8 codes"),
+])
+def test_each_kind_that_slipped_through_is_now_caught_by_its_own_case(ex_id, wrong, case_label):
+    """The wrong answer passes every case that existed before and fails on the case added for
+    its kind; the reference passes that case."""
+    ex = EXERCISES[ex_id]
+    fn = next(w for w in ex.wrong if w.__name__ == wrong)
+    result = check(ex_id, fn, quiet=True)
+    assert result.status == "failed" and case_label in result.report, result.report
+    failed_at = next(i for i, c in enumerate(ex.cases()) if case_label in c.label)
+    assert result.passed == failed_at, f"{wrong} should fail first on the new case"
+    assert check(ex_id, ex.reference, quiet=True)

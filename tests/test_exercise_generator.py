@@ -50,3 +50,75 @@ def test_what_is_not_a_cell_or_a_notebook_is_refused():
     for nb in ([], {"cells": "x"}, {"metadata": {}}):
         with pytest.raises(ValueError, match="nb must be a notebook: a dict with a 'cells' list"):
             make_exercise(nb)
+
+
+# ---- graded cells keep the check's result in a name (nbgrader 0.9.6) ------------------------
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from course_lib.exercises import graded_cells_that_display  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+# lessons whose owners apply `name = check(...)` at merge (the lead's list; empty it then)
+BARE_UNTIL_MERGE = {"09", "10"}
+
+
+def _graded(src):
+    return {"cells": [{"cell_type": "code", "id": "g", "source": src,
+                       "metadata": {"nbgrader": {"grade": True}}},
+                      {"cell_type": "code", "id": "plain", "source": "check('x', f)",
+                       "metadata": {"nbgrader": {"grade": False}}}]}
+
+
+@pytest.mark.parametrize("src, bare", [
+    ('check("02.zero_point", zero_point)', True),
+    ('x = 1\ncheck("02.zero_point", zero_point)\n', True),
+    ('ok_zero = check("02.zero_point", zero_point)', False),
+    ('check("02.zero_point", zero_point);', False),
+    ('print(check("02.zero_point", zero_point))', False),
+    ('ok = check("a", f)\nok', True),
+    ("", False),
+])
+def test_a_graded_cell_that_displays_a_value_is_found(src, bare):
+    assert graded_cells_that_display(_graded(src)) == (["g"] if bare else [])
+
+
+def test_graded_cell_lint_refuses_what_is_not_a_notebook():
+    with pytest.raises(ValueError, match="nb must be a notebook"):
+        graded_cells_that_display([])
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param(p, marks=pytest.mark.xfail(strict=False, reason="bare check(...) cells: the "
+                                            "lead applies `name = check(...)` at merge"))
+    if p.name[:2] in BARE_UNTIL_MERGE else p for p in SOLUTIONS], ids=lambda p: p.stem)
+def test_no_graded_cell_displays_a_check_result(path):
+    """nbgrader would read the CheckResult's text as a score (and warns that it cannot)."""
+    nb = json.loads(path.read_text())
+    assert any(c.get("metadata", {}).get("nbgrader", {}).get("grade") for c in nb["cells"])
+    assert graded_cells_that_display(nb) == [], (
+        f"{path.name}: write `name = check(...)` in these graded cells")
+
+
+def test_bare_checks_are_named_mechanically():
+    from course_lib.exercises import name_graded_results
+    nb = _graded('x = 2\ncheck("09.unpack_int4_bits", unpack_int4_bits)\n')
+    nb["cells"].append({"cell_type": "code", "id": "other", "source": "hint('09.x')",
+                        "metadata": {"nbgrader": {"grade": True}}})
+    assert name_graded_results(nb) == ["g"]
+    assert "".join(nb["cells"][0]["source"]) == (
+        'x = 2\nok_unpack_int4_bits = check("09.unpack_int4_bits", unpack_int4_bits)')
+    assert graded_cells_that_display(nb) == ["other"]          # left for a person
+    assert name_graded_results(nb) == []                       # idempotent
+    ungraded = "".join(nb["cells"][1]["source"])
+    assert ungraded == "check('x', f)"
+
+
+def test_naming_the_bare_checks_of_a_lesson_leaves_none(tmp_path):
+    from course_lib.exercises import name_graded_results
+    for path in SOLUTIONS:
+        nb = json.loads(path.read_text())
+        name_graded_results(nb)
+        assert graded_cells_that_display(nb) == [], path.name

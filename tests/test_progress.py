@@ -104,3 +104,70 @@ def test_the_default_file_is_in_the_course_folder_and_git_ignored(monkeypatch):
 def test_the_test_suite_itself_writes_no_progress_into_the_course_folder():
     # conftest.py points COURSE_PROGRESS_FILE at a throw-away folder for the whole run
     assert Path(learner_progress.progress_file()).parent != ROOT
+
+
+# ---- bad input: damaged files, wrong arguments (issue 19) -----------------------------------
+
+@pytest.mark.parametrize("text, words", [
+    ("", "is not valid JSON"),
+    ("{not json", "is not valid JSON"),
+    ("[1, 2]", "does not hold a progress record"),
+    ('{"passed": ["02.dequantize"]}', "does not hold a progress record"),
+    ('{"version": 7, "passed": {}}', "of version 7; this course reads version 1"),
+    ('{"passed": {"02.dequantize": "yes"}}', "the entry for '02.dequantize' is damaged"),
+    ('{"passed": {"02.dequantize": {"at": 5, "cases": 3}}}', "is damaged"),
+    ('{"passed": {"02.dequantize": {"at": "2026-12-01T10:00:00", "cases": 0}}}', "is damaged"),
+    ('{"passed": {"02.dequantize": {"at": "2026-12-01T10:00:00", "cases": true}}}', "is damaged"),
+])
+def test_a_damaged_progress_file_is_named_with_the_way_out(store, text, words):
+    store.parent.mkdir(parents=True)
+    store.write_text(text)
+    with pytest.raises(ValueError, match=words) as err:
+        course_lib.progress()
+    assert "reset=True" in str(err.value) and str(store) in str(err.value)
+    assert course_lib.progress(reset=True).passed == []          # the way out works
+
+
+def test_a_file_of_other_bytes_is_refused(store):
+    store.parent.mkdir(parents=True)
+    store.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ValueError, match="is not valid JSON"):
+        learner_progress.load()
+
+
+@pytest.mark.parametrize("path, words", [
+    (123, "path must name a progress file"),
+    ("", "path must name a progress file"),
+    ("   ", "path must name a progress file"),
+])
+def test_a_path_that_is_not_a_file_path_is_refused(store, path, words):
+    with pytest.raises(ValueError, match=words):
+        course_lib.progress(path=path)
+
+
+def test_a_folder_is_not_a_progress_file(store, tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match=r"is a folder; give the path of a file inside it"):
+        course_lib.progress(path=tmp_path)
+    monkeypatch.setenv("COURSE_PROGRESS_FILE", str(tmp_path))
+    with pytest.raises(ValueError, match=r"\$COURSE_PROGRESS_FILE .* is a folder"):
+        learner_progress.forget_all()
+
+
+@pytest.mark.parametrize("exercise_id, cases, words", [
+    ("absmax", 3, "exercise_id must be a lesson number and a name"),
+    ("02.", 3, "exercise_id must be a lesson number and a name"),
+    (2, 3, "exercise_id must be a lesson number and a name"),
+    ("02.dequantize", 0, "cases must be the number of cases passed"),
+    ("02.dequantize", 2.5, "cases must be the number of cases passed"),
+    ("02.dequantize", True, "cases must be the number of cases passed"),
+])
+def test_record_pass_refuses_what_is_not_an_exercise_pass(store, exercise_id, cases, words):
+    with pytest.raises(ValueError, match=words):
+        learner_progress.record_pass(exercise_id, cases)
+    assert not store.exists()
+
+
+def test_a_pass_of_an_exercise_the_course_no_longer_has_is_kept_but_not_shown(store):
+    learner_progress.record_pass("99.retired_exercise", 4)
+    p = course_lib.progress()
+    assert p.passed == [] and "99.retired_exercise" in learner_progress.load()

@@ -10,7 +10,10 @@ Each exercise is registered once, in ``course_lib/checks/lessonNN.py``, with
   to prove that it rejects each one.
 
 ``check`` runs the learner's function on every case and prints what passed. On a failure
-it shows the input, the expected and the actual value, and the hint. When the function
+it shows the input, the expected and the actual value, and the hint. Every case also compares
+the arguments after the call with a copy taken before it: a function that changes its input
+in place (a tensor, an array, a list or dict, a module's weights) fails, naming the argument,
+unless the exercise says that changing it is its job (``Exercise.mutates``). When the function
 raises ``NotImplementedError`` (an unsolved exercise) it prints "not yet implemented" and
 does not raise, so unsolved notebooks still run top to bottom.
 
@@ -25,7 +28,9 @@ autograder) raises unless the answer passes, so an unsolved exercise scores zero
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib
+import inspect
 import os
 import pkgutil
 import traceback
@@ -64,6 +69,9 @@ class Exercise:
     int_results: bool = False   # where the reference returns an int, the answer must be one
     float_results: bool = False  # where the reference returns a float, the answer must be a
                                  # Python (or numpy) float, not a 0-d tensor
+    mutates: tuple[str, ...] = ()  # arguments the exercise asks to change in place (by name
+                                   # as in the reference's signature); every other argument
+                                   # must come back unchanged
 
     @property
     def hints(self) -> list[str]:
@@ -156,6 +164,143 @@ def compare_answer(expected, actual, rtol: float, atol: float, check_dtype: bool
     return None if result else result.problem
 
 
+# ---- inputs changed in place ------------------------------------------------------------------
+
+def _changed(before: Any, after: Any) -> str | None:
+    """None when ``after`` holds what ``before`` held; otherwise where it differs, in words.
+
+    Looks inside tensors, arrays, lists, tuples, dicts, dataclasses and torch modules (their
+    ``state_dict``), and compares numbers, strings and None held in them; other objects are
+    taken as unchanged.
+    """
+    if hasattr(before, "detach") and hasattr(before, "dtype"):            # torch.Tensor
+        if not (hasattr(after, "detach") and hasattr(after, "dtype")):
+            return f"it became a {type(after).__name__}"
+        return _changed_values(before.detach().cpu(), after.detach().cpu())
+    if isinstance(before, np.ndarray):
+        if not isinstance(after, np.ndarray):
+            return f"it became a {type(after).__name__}"
+        return _changed_values(before, after)
+    if hasattr(before, "state_dict") and hasattr(before, "parameters"):   # torch.nn.Module
+        b, a = before.state_dict(), after.state_dict()
+        if list(b) != list(a):
+            return f"its parameters changed: {sorted(set(b) ^ set(a))[:4]}"
+        for k in b:
+            p = _changed(b[k], a[k])
+            if p:
+                return f"its {k!r} {p}"
+        return None
+    if isinstance(before, (list, tuple)):
+        if type(after) is not type(before) or len(after) != len(before):
+            return f"its length went from {len(before)} to {len(after)}"
+        for i, (b, a) in enumerate(zip(before, after)):
+            p = _changed(b, a)
+            if p:
+                return f"its item {i} {p}" if not p.startswith("its ") else f"item {i}: {p}"
+        return None
+    if isinstance(before, dict):
+        if list(after) != list(before):
+            gone, new = set(before) - set(after), set(after) - set(before)
+            return (f"its keys changed (removed {sorted(map(str, gone))}, added "
+                    f"{sorted(map(str, new))})")
+        for k in before:
+            p = _changed(before[k], after[k])
+            if p:
+                return f"its [{k!r}] {p}"
+        return None
+    if dataclasses.is_dataclass(before) and not isinstance(before, type):
+        for f in dataclasses.fields(before):
+            p = _changed(getattr(before, f.name), getattr(after, f.name, None))
+            if p:
+                return f"its .{f.name} {p}"
+        return None
+    if before is None or isinstance(before, (bool, int, float, complex, str, bytes, np.generic)):
+        same = type(after) is type(before) and (
+            before == after or (before != before and after != after))      # NaN stays NaN
+        return None if same else f"changed from {before!r} to {after!r}"
+    return None
+
+
+def _changed_values(b, a) -> str | None:
+    """Shape, dtype and values (NaN equal to NaN) of two tensors or two arrays."""
+    if tuple(b.shape) != tuple(a.shape):
+        return f"changed shape from {tuple(b.shape)} to {tuple(a.shape)}"
+    if str(b.dtype) != str(a.dtype):
+        return f"changed dtype from {b.dtype} to {a.dtype}"
+    if hasattr(b, "numpy"):                                 # torch: compare in float64 numpy
+        import torch
+        try:
+            b, a = b.to(torch.float64).numpy(), a.to(torch.float64).numpy()
+        except (RuntimeError, TypeError):                  # complex, packed or exotic dtypes
+            return None if torch.equal(b, a) else "changed its values"
+    if b.dtype.kind in "fc":
+        diff = ~((b == a) | (np.isnan(b) & np.isnan(a)))
+    elif b.dtype.kind in "biu":
+        diff = b != a
+    else:
+        return None if np.array_equal(b, a) else "changed its values"
+    if not diff.any():
+        return None
+    where = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.ndim else ()
+    return (f"changed {int(diff.sum())} of {diff.size} values (first at index "
+            f"{tuple(int(i) for i in where)}: {b[where].item()!r} became {a[where].item()!r})")
+
+
+def _arg_names(fn: Callable, n_args: int) -> list[str]:
+    """The names of ``fn``'s first ``n_args`` positional parameters (``argument 3`` where
+    there is no name to give: ``*args``, builtins)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = []
+    for i in range(n_args):
+        p = params[i] if i < len(params) else None
+        if p is None or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.KEYWORD_ONLY):
+            names.append(f"argument {i + 1}")
+            params = params[:i]                             # *args swallows the rest
+        else:
+            names.append(p.name)
+    return names
+
+
+def changed_inputs(fn: Callable, before: tuple, after: tuple, allowed: tuple[str, ...] = (),
+                   reference: Callable | None = None) -> str | None:
+    """None when the call ``fn(*args, **kwargs)`` left its arguments as they were; otherwise
+    a message naming the first argument it changed in place (every exercise's ``check``).
+
+    ``before`` and ``after`` are ``(args, kwargs)``: a deep copy taken before the call and the
+    objects the call received. Arguments named in ``allowed`` (names of ``reference``'s
+    parameters, or of ``fn``'s when no reference is given) may change.
+    """
+    (b_args, b_kw), (a_args, a_kw) = before, after
+    names = _arg_names(fn, len(b_args))
+    spec_names = _arg_names(reference, len(b_args)) if reference is not None else names
+    for i, b in enumerate(b_args):
+        if spec_names[i] in allowed or names[i] in allowed:
+            continue
+        p = _changed(b, a_args[i])
+        if p:
+            return _in_place_message(names[i], p, b)
+    for k in b_kw:
+        if k not in allowed:
+            p = _changed(b_kw[k], a_kw[k])
+            if p:
+                return _in_place_message(k, p, b_kw[k])
+    return None
+
+
+def _in_place_message(name: str, what: str, value: Any) -> str:
+    if hasattr(value, "detach"):
+        how = f"{name}.clone()"
+    elif isinstance(value, np.ndarray):
+        how = f"{name}.copy()"
+    else:
+        how = f"copy.deepcopy({name})"
+    return (f"your function changed its input `{name}` in place ({what}); work on a copy "
+            f"({how}) or build a new result instead of writing into `{name}`")
+
+
 @dataclass
 class CheckResult:
     """What ``check`` found; truthy only when every case passed."""
@@ -215,8 +360,10 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
     for i, case in enumerate(cases):
         where = f"case {i + 1}/{len(cases)}" + (f" ({case.label})" if case.label else "")
         shown_input = _short(case.args if not case.kwargs else (case.args, case.kwargs))
+        args, kwargs = copy.deepcopy((case.args, case.kwargs))   # the learner's own copy
+        before = copy.deepcopy((args, kwargs))                    # what they held before
         try:
-            actual = fn(*copy.deepcopy(case.args), **copy.deepcopy(case.kwargs))
+            actual = fn(*args, **kwargs)
         except NotImplementedError:
             report = f"{exercise_id} ({ex.title}): not yet implemented. Hint: {_first_hint(ex)}"
             say(report)
@@ -225,14 +372,18 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
             return CheckResult(exercise_id, "not implemented", 0, len(cases), report)
         except Exception as err:  # the learner's code raised: say what and where
             if case.raises is not None and isinstance(err, case.raises):
-                continue
-            tb = traceback.format_exception_only(type(err), err)[-1].strip()
-            problem = f"your function raised {tb}"
+                problem = changed_inputs(fn, before, (args, kwargs), ex.mutates, ex.reference)
+                if not problem:
+                    continue
+            else:
+                tb = traceback.format_exception_only(type(err), err)[-1].strip()
+                problem = f"your function raised {tb}"
         else:
-            if case.raises is not None:
+            problem = changed_inputs(fn, before, (args, kwargs), ex.mutates, ex.reference)
+            if not problem and case.raises is not None:
                 problem = (f"expected your function to raise {case.raises.__name__} for this "
                            f"input, but it returned {_short(actual, 120)}")
-            else:
+            elif not problem:
                 expected = ex.reference(*copy.deepcopy(case.args), **copy.deepcopy(case.kwargs))
                 problem = compare_answer(expected, actual, ex.rtol, ex.atol, ex.check_dtype,
                                          ex.signed_zero, ex.int_results, ex.float_results)
@@ -276,4 +427,4 @@ def yours_or_library(result: "CheckResult", yours: Callable, library: Callable,
 
 
 __all__ = ["yours_or_library", "progress", "Case", "Exercise", "register", "check", "hint", "load_all", "EXERCISES", "CheckResult",
-           "compare_answer"]
+           "compare_answer", "changed_inputs"]

@@ -100,6 +100,10 @@ def _kv_cases():
         Case((gpt2_like,), label="no num_key_value_heads and no head_dim (plain multi-head)"),
         Case((smollm2_135m, 0.5), label="SmolLM2-135M: grouped-query (3 KV heads) without "
              "head_dim, a 4-bit cache"),
+        Case(({**smollm2_135m, "head_dim": None},),
+             label="head_dim present but null (as some config.json files write it): derive it"),
+        Case(({**gpt2_like, "num_key_value_heads": None, "head_dim": None}, 1),
+             label="num_key_value_heads and head_dim both null: plain multi-head"),
     ]
 
 
@@ -135,6 +139,15 @@ def _kv_head_dim_only_for_mha(config, bytes_per_value=2.0):
     return 2 * config["num_hidden_layers"] * kv * hd * bytes_per_value
 
 
+def _kv_head_dim_key_present(config, bytes_per_value=2.0):
+    kv = config.get("num_key_value_heads") or config["num_attention_heads"]
+    if "head_dim" in config:                                  # a null head_dim is taken as given
+        hd = config["head_dim"]
+    else:
+        hd = config["hidden_size"] // config["num_attention_heads"]
+    return 2 * config["num_hidden_layers"] * kv * hd * bytes_per_value
+
+
 def _kv_requires_kv_heads(config, bytes_per_value=2.0):
     hd = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * hd * bytes_per_value
@@ -154,7 +167,7 @@ register(Exercise(
           "kv = config.get('num_key_value_heads') or config['num_attention_heads']; "
           "hd = config.get('head_dim') or config['hidden_size'] // config['num_attention_heads']."],
     wrong=[_kv_no_factor_two, _kv_attention_heads, _kv_head_dim_from_hidden, _kv_bits,
-           _kv_requires_kv_heads, _kv_head_dim_only_for_mha],
+           _kv_requires_kv_heads, _kv_head_dim_only_for_mha, _kv_head_dim_key_present],
 ))
 
 # ---------------------------------------------------------------------------------------
@@ -174,6 +187,8 @@ def _floor_cases():
         Case((-1e9, 3.35), raises=ValueError, label="negative bytes"),
         Case((1e9, 3.35, 0), raises=ValueError, label="zero GPUs"),
         Case((1e9, -3.35), raises=ValueError, label="negative bandwidth"),
+        Case((0, 3.35), raises=ValueError,
+             label="0 bytes of weights: a floor of 0 ms is no answer, refuse it"),
     ]
 
 
@@ -202,6 +217,12 @@ def _floor_times_gpus(weight_bytes, bandwidth_tbps, n_gpus=1):
     return weight_bytes * n_gpus / (bandwidth_tbps * 1e12) * 1e3            # more GPUs slower?
 
 
+def _floor_zero_bytes(weight_bytes, bandwidth_tbps, n_gpus=1):
+    if weight_bytes < 0 or bandwidth_tbps <= 0 or n_gpus < 1:     # 0 bytes accepted: 0 ms
+        raise ValueError("sizes must be positive")
+    return weight_bytes / (n_gpus * bandwidth_tbps * 1e12) * 1e3
+
+
 def _floor_gpus_unchecked(weight_bytes, bandwidth_tbps, n_gpus=1):
     if weight_bytes <= 0 or bandwidth_tbps <= 0:             # n_gpus = 0 divides by zero
         raise ValueError("sizes must be positive")
@@ -224,7 +245,7 @@ register(Exercise(
           "Raise ValueError when weight_bytes <= 0, bandwidth_tbps <= 0 or n_gpus < 1, "
           "before dividing."],
     wrong=[_floor_seconds, _floor_tib, _floor_ignores_gpus, _floor_times_gpus, _floor_no_checks,
-           _floor_gpus_unchecked],
+           _floor_gpus_unchecked, _floor_zero_bytes],
 ))
 
 # ---------------------------------------------------------------------------------------

@@ -222,6 +222,12 @@ def _wrong_values_unsorted_with_duplicates(exponent_bits, mantissa_bits, bias):
                      for e, m in _all_fields(exponent_bits, mantissa_bits)][::-1])
 
 
+def _wrong_values_standard_bias(exponent_bits, mantissa_bits, bias):
+    usual = 2 ** (exponent_bits - 1) - 1                   # the given bias ignored
+    return np.array(sorted({_decode_small(e, m, exponent_bits, mantissa_bits, usual)
+                            for e, m in _all_fields(exponent_bits, mantissa_bits)}))
+
+
 register(Exercise(
     id="01.float_values",
     title="list every value >= 0 of a small float format (no inf, no NaN)",
@@ -232,16 +238,19 @@ register(Exercise(
         Case((2, 3, 1), label="FP6 E2M3 (max 7.5)"),
         Case((1, 2, 0), label="E1M2, bias 0"),
         Case((4, 3, 7), label="E4M3 if every pattern were a number (max 480)"),
+        Case((2, 1, 0), label="E2M1 with bias 0, not its usual 1: everything twice as big"),
+        Case((3, 2, 5), label="E3M2 with bias 5, not its usual 3: a range shifted down"),
     ],
     hint=["Every (exponent field, mantissa field) pair is a value: go through all of them. "
           "Which exponent field is special (no hidden leading 1)? What do you do about values "
-          "that appear twice?",
+          "that appear twice? And which bias do you use: the usual one, or the one you are given?",
           "e == 0: (m / 2^M) * 2^(1 - bias) (zero and the subnormals); otherwise "
           "(1 + m / 2^M) * 2^(e - bias).",
           "Two loops over range(2**E) and range(2**M) into a set; then "
           "np.array(sorted(values), dtype=np.float64)."],
     wrong=[_wrong_values_no_subnormals, _wrong_values_plus_bias,
-           _wrong_values_top_exponent_reserved, _wrong_values_unsorted_with_duplicates],
+           _wrong_values_top_exponent_reserved, _wrong_values_unsorted_with_duplicates,
+           _wrong_values_standard_bias],
 ))
 
 
@@ -278,8 +287,9 @@ def _wrong_round_no_saturation(x):
 def _wrong_round_no_subnormal_clamp(x):
     a = abs(x)
     e = math.floor(math.log2(a)) if a > 0 else -6               # exponent below -6 allowed
-    step = 2.0 ** (e - 3)
-    return math.copysign(min(round(a / step) * step, 448.0), x)
+    spacing = 2.0 ** (e - 3)
+    r = min(round(a / spacing) * spacing, 448.0)
+    return math.copysign(r, x)
 
 
 def _wrong_round_unsigned_zero(x):

@@ -94,6 +94,8 @@ def _zp_cases():
         Case((-3.0, -1.0, 8), label="range below zero"),
         Case((-0.05, 0.7, 3), label="3 bits"),
         Case((0.0, 0.0, 4), label="empty range (scale 1.0, zero 0)"),
+        Case((0.5, 0.5, 4), label="x_min == x_max = 0.5: widened to 0..0.5, not empty"),
+        Case((-0.3, -0.3, 8), label="x_min == x_max = -0.3: widened to -0.3..0, not empty"),
         Case((-0.25, 1.25, 2), label="a tie: -x_min / scale = 0.5 exactly, rounds to even 0"),
         Case((-0.75, 0.75, 2), label="a tie: -x_min / scale = 1.5 exactly, rounds to even 2"),
         Case((1.0, -1.0, 4), label="x_min > x_max must raise ValueError", raises=ValueError),
@@ -150,6 +152,15 @@ def _wrong_zp_float_zero(x_min, x_max, bits):  # right value, but the zero point
     return scale, float(min(max(round(-lo / scale), 0), 2 ** bits - 1))
 
 
+def _wrong_zp_equal_is_empty(x_min, x_max, bits):  # x_min == x_max read as an empty range
+    _zp_guard(x_min, x_max)
+    if x_min == x_max:
+        return 1.0, 0
+    lo, hi = min(x_min, 0.0), max(x_max, 0.0)
+    scale = (hi - lo) / (2 ** bits - 1)
+    return scale, int(min(max(round(-lo / scale), 0), 2 ** bits - 1))
+
+
 def _wrong_zp_unclamped_no_guard(x_min, x_max, bits):  # forgets the empty range
     _zp_guard(x_min, x_max)
     lo, hi = min(x_min, 0.0), max(x_max, 0.0)
@@ -172,7 +183,7 @@ register(Exercise(
           "0..2**bits - 1; an empty range returns (1.0, 0); x_min > x_max raises ValueError."],
     int_results=True,
     wrong=[_wrong_zp_no_widen, _wrong_zp_pow2, _wrong_zp_sign, _wrong_zp_unclamped_no_guard,
-           _wrong_zp_half_up, _wrong_zp_float_zero],
+           _wrong_zp_half_up, _wrong_zp_float_zero, _wrong_zp_equal_is_empty],
 ))
 
 
@@ -261,6 +272,12 @@ def _metric_cases():
         Case((np.array([3.0, -4.0]), np.array([3.0, -4.0])), label="exact (SQNR is inf)"),
         Case((np.array([0.5, -0.25, 0.125], dtype=np.float32),
               np.array([0.5, -0.5, 0.0], dtype=np.float32)), label="float32 arrays"),
+        Case((np.array([0, 100, 200, 255], dtype=np.uint8),
+              np.array([3, 98, 203, 250], dtype=np.uint8)),
+             label="uint8 codes: 0 - 3 must be -3, not 253 (leave the integer dtype first)"),
+        Case((np.array([100, -100, 50, 7], dtype=np.int8),
+              np.array([90, -90, 50, 7], dtype=np.int8)),
+             label="int8 values: 100**2 does not fit in int8"),
     ]
 
 
@@ -292,6 +309,14 @@ def _wrong_metrics_amplitude(x, x_hat):  # ratio of sums of |.|, not of squares
             if np.any(e) else math.inf}
 
 
+def _wrong_metrics_int_dtype(x, x_hat):  # right formulas, in the inputs' own dtype
+    e = x - x_hat
+    signal, noise = np.sum(x * x, dtype=x.dtype), np.sum(e * e, dtype=e.dtype)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return {"mae": float(np.mean(np.abs(e))), "rmse": float(np.sqrt(np.mean(e * e))),
+                "sqnr_db": float(10 * np.log10(signal / noise)) if noise else math.inf}
+
+
 register(Exercise(
     id="02.error_metrics",
     title="MAE, RMSE and SQNR",
@@ -299,11 +324,13 @@ register(Exercise(
     cases=_metric_cases,
     hint=["All three start from the error, x minus x_hat. Which one must not let positive and "
           "negative errors cancel, which one punishes big misses more, and which one is a ratio "
-          "of powers (signal over noise) on a log scale? What is that ratio when e is all zero?",
+          "of powers (signal over noise) on a log scale? What is that ratio when e is all zero, "
+          "and what is 0 - 3 when the inputs are uint8 codes?",
           "MAE = mean(|e|); RMSE = sqrt(mean(e**2)); SQNR = 10 * log10(sum(x**2) / sum(e**2)) "
-          "dB (10, not 20: these are powers already).",
+          "dB (10, not 20: these are powers already). Convert both inputs to float64 first: "
+          "integer dtypes wrap around and overflow.",
           "Return {'mae': ..., 'rmse': ..., 'sqnr_db': ...} as Python floats, with "
           "math.inf for sqnr_db when sum(e**2) == 0."],
     wrong=[_wrong_metrics_signed, _wrong_metrics_no_sqrt, _wrong_metrics_20log,
-           _wrong_metrics_amplitude],
+           _wrong_metrics_amplitude, _wrong_metrics_int_dtype],
 ))

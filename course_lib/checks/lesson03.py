@@ -302,6 +302,8 @@ def _asym_cases():
         Case((w, 32, 3), label="INT3 with an outlier, groups of 32"),
         Case((pos, 8), label="every value above 0 (the range must still include 0)"),
         Case((np.zeros((2, 8)), 4), label="all-zero groups"),
+        Case((np.array([[0.5] * 4 + [-0.3] * 4, [0.0] * 4 + [1.0, 1.0, 1.0, 1.0]]), 4),
+             label="constant groups (min == max, not 0): widened to include 0, not empty"),
         Case((np.array([[0.0, 0.25, 0.75, 1.5]]), 4, 2),
              label="INT2 ties: x / scale + zero lands on .5 (round half to even)"),
         Case((lop, 5), label="5 does not divide 32: raise ValueError", raises=ValueError),
@@ -348,6 +350,16 @@ def _wrong_asym_half_up(w, group_size, bits=4):  # floor(v + 0.5) instead of hal
     return ((q - z) * scale).reshape(w.shape)
 
 
+def _wrong_asym_equal_is_empty(w, group_size, bits=4):  # min == max read as an empty range
+    g = _asym_groups(w, group_size)
+    gmin, gmax = g.min(-1, keepdims=True), g.max(-1, keepdims=True)
+    lo, hi = np.minimum(gmin, 0), np.maximum(gmax, 0)
+    scale = np.where(gmax == gmin, 1.0, (hi - lo) / (2 ** bits - 1))
+    z = np.where(gmax == gmin, 0.0, np.clip(np.round(-lo / scale), 0, 2 ** bits - 1))
+    q = np.clip(np.round(g / scale) + z, 0, 2 ** bits - 1)
+    return ((q - z) * scale).reshape(w.shape)
+
+
 register(Exercise(
     id="03.asym_groupwise",
     title="asymmetric group-wise fake quantization",
@@ -362,7 +374,7 @@ register(Exercise(
           "q = clip(round(g / scale) + zero, 0, 2**bits - 1); w_hat = (q - zero) * scale, "
           "reshaped to w.shape (np.round rounds ties to even)."],
     wrong=[_wrong_asym_no_widen, _wrong_asym_symmetric, _wrong_asym_unclipped,
-           _wrong_asym_half_up],
+           _wrong_asym_half_up, _wrong_asym_equal_is_empty],
 ))
 
 
