@@ -175,15 +175,22 @@ def _check_weights(w_q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return scale.reshape(N).contiguous()
 
 
+KERNELS = ("dot", "gemv")   # w8a16_linear(kernel=...): the default and the teaching step
+
+
 def w8a16_linear(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor, *,
                  block_n: int | None = None, split_k: int | None = None,
-                 force_gemm: bool = False, config=None) -> torch.Tensor:
-    """y = x @ (w_q * scale[:, None]).T with the Triton kernels (lesson 09).
+                 force_gemm: bool = False, config=None, kernel: str | None = None) -> torch.Tensor:
+    """y = x @ (w_q * scale[:, None]).T with the Triton kernels (lessons 09 and 10).
 
     x: (..., K) fp16/bf16/fp32; w_q: (N, K) int8; scale: (N,) or (N, 1). Returns (..., N)
-    in x's dtype. ``block_n``/``split_k`` override the GEMV launch plan and ``force_gemm``
-    takes the tl.dot kernel even for a small batch; ``config`` forces one configuration of
-    ``_GEMV_CONFIGS``/``_GEMM_CONFIGS`` (tests use these to reach every path).
+    in x's dtype. ``kernel`` picks the kernel by name: "dot" (the default at every batch:
+    one launch, the tl.dot kernel with 16-row tiles, so tensor cores and a pipelined weight
+    stream even at batch 1) or "gemv" (the CUDA-core GEMV of lesson 09, batch <= 8: the
+    teaching step). ``block_n``/``split_k`` override the GEMV launch plan (``block_n``
+    also the dot kernel's); ``force_gemm`` is the old name of kernel="dot"; ``config``
+    forces one configuration of ``_GEMV_CONFIGS``/``_GEMM_CONFIGS`` (tests reach every
+    path with these).
     """
     scale = _check_weights(w_q, scale)
     N, K = w_q.shape
@@ -194,22 +201,27 @@ def w8a16_linear(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor, *,
     out_shape = (*x.shape[:-1], N)
     if M == 0:
         return torch.empty(out_shape, dtype=x.dtype, device=x.device)
-    if M <= GEMV_MAX_M and not force_gemm:
+    if kernel is not None and kernel not in KERNELS:
+        raise ValueError(f"kernel={kernel!r}: choose one of {KERNELS}")
+    if kernel is None:
+        gemv_config = config is not None and "BLOCK_M" not in config.kwargs
+        kernel = "gemv" if gemv_config and not force_gemm else "dot"
+    if kernel == "gemv" and M <= GEMV_MAX_M:
         bn, sk = gemv_plan(M, N, K, k_unit=128)
         bn, sk = block_n or bn, split_k or sk
         y = (torch.zeros((M, N), dtype=torch.float32, device=x.device) if sk > 1
              else torch.empty((M, N), dtype=x.dtype, device=x.device))        # (M, N)
         grid = (triton.cdiv(N, bn), sk)          # one program per block of outputs (x K split)
-        kernel, meta = choose(_gemv, w8a16_gemv_kernel, _GEMV_DEFAULT, {"BLOCK_K": 32}, config)
-        kernel[grid](x2, w_q, scale, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
-                     BLOCK_M=pow2_at_least(M, 1, GEMV_MAX_M), BLOCK_N=bn, SPLIT_K=sk, **meta)
+        kern, meta = choose(_gemv, w8a16_gemv_kernel, _GEMV_DEFAULT, {"BLOCK_K": 32}, config)
+        kern[grid](x2, w_q, scale, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
+                   BLOCK_M=pow2_at_least(M, 1, GEMV_MAX_M), BLOCK_N=bn, SPLIT_K=sk, **meta)
         return y.to(x.dtype).reshape(out_shape)
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)                   # (M, N)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)                   # (M, N), once
     interp = {"BLOCK_M": pow2_at_least(M, 16, 32), "BLOCK_N": block_n or 32, "BLOCK_K": 32}
-    kernel, meta = choose(_gemm, w8a16_gemm_kernel, _GEMM_DEFAULT, interp, config)
+    kern, meta = choose(_gemm, w8a16_gemm_kernel, _GEMM_DEFAULT, interp, config)
     grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]), triton.cdiv(N, m["BLOCK_N"]))  # noqa: E731
-    kernel[grid](x2, w_q, scale, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
-                 DOT_FP32=INTERPRET or x.dtype == torch.float32, **meta)
+    kern[grid](x2, w_q, scale, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
+               DOT_FP32=INTERPRET or x.dtype == torch.float32, **meta)
     return y.reshape(out_shape)
 
 
