@@ -58,7 +58,8 @@ import triton.language as tl
 
 from kernels import INTERPRET, dequant16
 from kernels._common import (GEMV_MAX_M, check_activations, check_device, choose,
-                             config_jobs, gemv_plan, num_sms, on_gpu, pow2_at_least)
+                             config_jobs, gemv_plan, num_sms, on_gpu, pow2_at_least,
+                             split_k_for, store_or_reduce, workspace)
 
 GROUP_SIZES = (32, 64, 128)
 # Globals a @triton.jit function reads must be tl.constexpr; ``.value`` is the plain number.
@@ -261,8 +262,12 @@ def w4a16_dot_kernel(
     for g0 in range(g_begin, g_end, GROUPS_PER_STEP):
         for i in tl.static_range(GROUPS_PER_STEP):
             g = g0 + i
-            live = (g + offs_c * 0) < g_end                  # (HALF,) the last step may be short
-            live_n = n_mask & ((g + offs_n * 0) < g_end)     # (BLOCK_N,)
+            if GROUPS_PER_STEP == 1:                         # the loop bound keeps g < g_end
+                live = offs_c < HALF                         # (HALF,) all true: folded away
+                live_n = n_mask
+            else:                                            # the last step may be short
+                live = (g + offs_c * 0) < g_end              # (HALF,)
+                live_n = n_mask & ((g + offs_n * 0) < g_end)     # (BLOCK_N,)
             p = tl.load(p_ptr + offs_n[:, None] * stride_pn + g * HALF + offs_c[None, :],
                         mask=n_mask[:, None] & live[None, :], other=0,
                         eviction_policy="evict_first")       # (BLOCK_N, HALF) uint8
@@ -283,30 +288,13 @@ def w4a16_dot_kernel(
                         other=0.0).to(tl.float32)            # (BLOCK_N,)
             if HAS_ZERO:
                 # sum x * (u - z) = sum x * (u - 8) - (z - 8) * sum x: once per group
-                z = tl.load(z_ptr + offs_n * stride_sn + g, mask=live_n,
-                            other=8).to(tl.float32) - 8.0    # (BLOCK_N,)
+                z = tl.load(z_ptr + offs_n * stride_sn + g, mask=live_n, other=8)   # (BLOCK_N,)
+                # 0..15 to float without an int-to-float conversion: the 2**23 bit trick
+                z = (z | MAGIC).to(tl.float32, bitcast=True) - (TWO_23 + 8.0)
                 x_sum = tl.sum(x_lo.to(tl.float32), axis=1) + tl.sum(x_hi.to(tl.float32), axis=1)
                 part -= x_sum[:, None] * z[None, :]
             acc += part * s[None, :]                         # the group scale, once per group
-    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
-    y_mask = m_mask[:, None] & n_mask[None, :]
-    if SPLIT_K == 1:
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
-    else:
-        # every slice adds into the fp32 workspace; the last one to arrive (the counter)
-        # reads the sum back while zeroing it, writes y once, and resets the counter: the
-        # next call (or CUDA graph replay) finds both at zero again
-        ws_ptrs = ws_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
-        tl.atomic_add(ws_ptrs, acc, mask=y_mask)
-        tl.debug_barrier()
-        tile = pid_m * tl.num_programs(0) + pid_n
-        arrived = tl.atomic_add(cnt_ptr + tile, 1)
-        if arrived == SPLIT_K - 1:
-            zeros = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-            total = tl.atomic_add(ws_ptrs, zeros, mask=y_mask)   # read where the sums are (L2)
-            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=y_mask)
-            tl.store(ws_ptrs, zeros, mask=y_mask)            # zero again for the next call
-            tl.store(cnt_ptr + tile, 0)                      # every slice has arrived
+    store_or_reduce(acc, y_ptr, ws_ptr, cnt_ptr, offs_m, offs_n, M, N, stride_ym, SPLIT_K)
 
 
 # BLOCK_K: weights per GEMV step (2 or more groups of 64 or 32 per step, 1-2 of 128).
@@ -479,26 +467,8 @@ def dot_plan(M: int, N: int, K: int, group: int, sms: int | None = None) -> dict
                     SPLIT_K=1, num_warps=4, num_stages=3)
     plan = {**_DOT_DEFAULT.kwargs, "num_warps": _DOT_DEFAULT.num_warps,
             "num_stages": _DOT_DEFAULT.num_stages}
-    tiles = triton.cdiv(N, plan["BLOCK_N"])
     steps = (K // group) // plan["GROUPS_PER_STEP"]  # loop trips without a split
-    split = 1
-    while tiles * split < 2 * sms and steps // (2 * split) >= 2:   # keep >= 2 trips a slice
-        split *= 2
-    return {**plan, "SPLIT_K": split}
-
-
-_WORKSPACES: dict = {}
-
-
-def _workspace(M: int, N: int, tiles: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The split-K workspace (M, N) fp32 and one arrival counter per tile, made once per
-    shape and device: both are all zero after every call (the kernel resets them), so a
-    call (or a CUDA graph replay) launches nothing else. One stream at a time per shape."""
-    key = (str(device), M, N, tiles)
-    if key not in _WORKSPACES:
-        _WORKSPACES[key] = (torch.zeros((M, N), dtype=torch.float32, device=device),
-                            torch.zeros((tiles,), dtype=torch.int32, device=device))
-    return _WORKSPACES[key]
+    return {**plan, "SPLIT_K": split_k_for(triton.cdiv(N, plan["BLOCK_N"]), steps, sms)}
 
 
 def _which_kernel(kernel, force_gemm, config) -> str:
@@ -598,6 +568,9 @@ def _dot(x2, wt, scale, zero, block_n, split_k, block_k, config, asm) -> torch.T
         if on_gpu():
             plan.update(num_warps=config.num_warps, num_stages=config.num_stages)
     if block_n:
+        if block_n < 16 or block_n & (block_n - 1):
+            raise ValueError(f"block_n={block_n} is too narrow for tl.dot: use a power of two "
+                             f">= 16 (or kernel='gemv')")
         plan["BLOCK_N"] = block_n
     if split_k:
         plan["SPLIT_K"] = split_k
@@ -612,7 +585,7 @@ def _dot(x2, wt, scale, zero, block_n, split_k, block_k, config, asm) -> torch.T
     bm, bn, sk = plan["BLOCK_M"], plan["BLOCK_N"], plan["SPLIT_K"]
     grid = (triton.cdiv(N, bn), triton.cdiv(M, bm), sk)
     y = torch.empty((M, N), dtype=x2.dtype, device=x2.device)           # (M, N), written once
-    ws, cnt = _workspace(M, N, grid[0] * grid[1], x2.device) if sk > 1 else (y, y)
+    ws, cnt = workspace(M, N, grid[0] * grid[1], x2.device) if sk > 1 else (y, y)
     w_dtype = tl.bfloat16 if x2.dtype == torch.bfloat16 else tl.float16
     w4a16_dot_kernel[grid](x2, packed, scale, zero, y, ws, cnt, M, N, K, x2.stride(0),
                            packed.stride(0), scale.stride(0), y.stride(0), GROUP=G,

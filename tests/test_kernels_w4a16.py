@@ -127,13 +127,13 @@ def test_reference_and_quantizer_refuse_bad_shapes_and_int_activations():
 def test_split_k_workspace_is_zero_again_after_every_call(symmetric):
     """The split-K slices meet in an fp32 workspace and a counter per tile; the last slice
     resets both, so the next call (or a CUDA graph replay) needs no zero-fill kernel."""
-    from kernels import w4a16
+    from kernels import _common
 
     x, wt, _ = _case(2, 40, 256, 32, torch.float32, symmetric, seed=2)
     for _ in range(2):
         y = w4a16_linear(x, wt, split_k=4, block_k=32)
         assert cmp("split-K", w4a16_reference(x, wt), y, rtol=1e-4, atol=1e-4)
-        ws, cnt = w4a16._WORKSPACES[(str(x.device), 2, 40, 2)]
+        ws, cnt = _common._WORKSPACES[(str(x.device), 2, 40, 2)]
         assert not ws.any() and not cnt.any()
 
 
