@@ -17,7 +17,7 @@ What you will learn
 Pseudo-code::
 
     # kernel 1: one program per token m
-    amax = max_k |x[m, k]| ;  xs[m] = amax / 127 (1 if amax == 0)
+    amax = max_k |x[m, k]| ;  xs[m] = amax / 127 (1 if amax == 0; NaN if any x is NaN)
     xq[m, :] = int8(clamp(round_half_even(x[m, :] / xs[m]), -127, 127))
     # kernel 2: one program per (BLOCK_M, BLOCK_N) tile of y
     acc = 0 (int32)
@@ -56,13 +56,19 @@ def quantize_rows_int8_kernel(
 ):
     m = tl.program_id(0)                                     # one program per token
     amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    probe = tl.zeros((BLOCK_K,), dtype=tl.float32)          # NaN once any x is NaN
     for k0 in range(0, K, BLOCK_K):                          # pass 1: the row's max |x|
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + m * stride_xm + offs_k, mask=offs_k < K, other=0.0)
-        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))   # max ignores NaN (GPU fmax)
+        probe += x.to(tl.float32)
     row_max = tl.max(amax, axis=0)
     # div_rn: IEEE division, as torch's (a plain / may compile to an approximate one)
     scale = tl.where(row_max > 0, tl.math.div_rn(row_max, 127.0), 1.0)
+    # a NaN in the row makes its scale NaN, so the layer's output row is NaN, never a
+    # finite wrong number (the max above skips NaN and the codes would clamp it to +-127)
+    nan_sum = tl.sum(probe, axis=0)
+    scale = tl.where(nan_sum == nan_sum, scale, nan_sum)
     tl.store(xs_ptr + m, scale)
     for k0 in range(0, K, BLOCK_K):                          # pass 2: scale, round, clamp
         offs_k = k0 + tl.arange(0, BLOCK_K)

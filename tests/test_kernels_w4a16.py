@@ -149,3 +149,12 @@ def test_kernel_by_name_and_bad_names():
     if not on_gpu():
         with pytest.raises(ValueError, match="asm=True needs a GPU"):
             w4a16_linear(x, wt, asm=True)
+
+
+@pytest.mark.parametrize("kernel", ["dot", "gemv"])
+def test_nan_in_x_comes_out_nan(kernel):
+    x, wt, _ = _case(3, 16, 64, 32, torch.float32, symmetric=False)
+    x = x.clone()
+    x[1, 3] = float("nan")
+    y = w4a16_linear(x, wt, kernel=kernel).cpu()
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[[0, 2]]).all()

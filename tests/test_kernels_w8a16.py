@@ -110,3 +110,11 @@ def test_split_k_leaves_its_workspace_at_zero_and_bad_names_are_refused():
         w8a16_linear(x, w_q, scale, kernel="tiled")
     with pytest.raises(ValueError, match="block_n=8 is too narrow for tl.dot"):
         w8a16_linear(x, w_q, scale, block_n=8)
+
+
+def test_nan_in_x_comes_out_nan():
+    x, w_q, scale = _case(3, 16, 64, torch.float32)
+    x = x.clone()
+    x[1, 3] = float("nan")
+    y = w8a16_linear(x, w_q, scale).cpu()
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[[0, 2]]).all()

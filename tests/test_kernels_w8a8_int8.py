@@ -127,6 +127,20 @@ def test_bad_inputs_say_what_to_do():
             int8_gemm(x, torch.ones(2), w_q, ws)
 
 
+@pytest.mark.skipif(not SUPPORTED, reason="INT8 W8A8 needs compute capability 8.0+")
+def test_nan_or_inf_in_activations_never_comes_out_finite():
+    """A NaN in x must not vanish: the per-token max skips NaN and the codes clamp it to
+    +-127, so without a check the row would come out finite and wrong (issue 19)."""
+    x, w_q, ws = _case(4, 24, 64)
+    x = x.clone()
+    x[1, 5], x[2, 7] = float("nan"), float("inf")
+    y = w8a8_int8_linear(x, w_q, ws).float().cpu()                     # (4, 24)
+    assert torch.isnan(y[1]).all() and not torch.isfinite(y[2]).any()
+    assert torch.isfinite(y[[0, 3]]).all()
+    xq, xs = quantize_rows_int8(x)
+    assert torch.isnan(xs[1]) and torch.isfinite(xs[[0, 3]]).all()
+
+
 def test_compile_jobs_are_well_formed():
     from kernels import bench, compile_check
     from kernels.w8a8_int8 import compile_jobs
