@@ -42,9 +42,33 @@ Pseudo-code of the GEMV kernel (one program = all M rows of x, BLOCK_N rows of W
         acc += (part - z * xp[:, 8, step words]) * s        # zero point and scale once per word
     y[:, n0:n0+BLOCK_N] (+)= sum of acc over words # one cross-thread sum, after the loop
 
-The GEMM kernel (batch > 8) reads the packed bytes, turns low and high nibbles into floats
-with the same bit trick, multiplies by the scale, and feeds them to ``tl.dot`` (in its
-accumulator form) with the even and odd columns of x (x in the weight tile's layout).
+The GEMM kernel (``kernel="gemm"``) reads the packed bytes, turns low and high nibbles
+into floats with the same bit trick, multiplies by the scale, and feeds them to ``tl.dot``
+(in its accumulator form) with the even and odd columns of x (x in the weight tile's layout).
+
+The GEMV and that GEMM are the first version, kept as the teaching steps (lesson 09): the
+GEMV relayouts x with 8-10 torch ops every call and has no software pipelining, the GEMM
+dequantizes in fp32. The default at every batch is ``w4a16_dot_kernel`` (issue 18):
+
+* **one launch per call**: x is read as it is, y written once in x's dtype; the weight is
+  permuted once, when it is made (``dequant16.prepack``: byte c of a group holds codes c
+  and G/2 + c, so the group's low nibbles meet x[:, :G/2] and its high nibbles x[:, G/2:]);
+* **tensor cores and a pipelined weight stream at batch 1..16**: ``tl.dot`` on a 16-row
+  tile (rows past M masked), 3 stages of cp.async loads in flight;
+* **16-bit dequantization** (``dequant16.dequant_pair``): PRMT + LOP3 + one packed FMA per
+  two weights, inline PTX on sm_80+; the group scale multiplies the dot's result, once per
+  group and output, not every weight;
+* **split-K** when the output tiles alone leave SMs idle (``dot_plan``): the slices meet in
+  a self-resetting fp32 workspace (``_common.store_or_reduce``), CUDA-graph safe.
+
+Pseudo-code of the dot kernel (one program = BLOCK_M tokens x BLOCK_N outputs x one K slice)::
+
+    acc[BLOCK_M, BLOCK_N] = 0
+    for each group g of this slice:
+        lo, hi = dequant_pair(load bytes[n-block, group g])   # (BLOCK_N, G/2) each: q, exact
+        part = dot(x[m-block, gG : gG + G/2], lo.T) + dot(x[m-block, gG + G/2 : (g+1)G], hi.T)
+        acc += part * scale[n-block, g]                       # (z - 8) * sum(x) off first if asymmetric
+    y[m-block, n-block] = acc  (or: add into the workspace; the last slice writes y)
 """
 from __future__ import annotations
 
