@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from course_lib import quant
+from course_lib.compare import cmp
 from kernels._common import on_gpu
 from kernels.w8a8_int8 import (int8_gemm, int8_gemm_reference, int8_supported,
                                quantize_activations, quantize_rows_int8, quantize_weight,
@@ -141,11 +142,30 @@ def test_nan_or_inf_in_activations_never_comes_out_finite():
     assert torch.isnan(xs[1]) and torch.isfinite(xs[[0, 3]]).all()
 
 
+@pytest.mark.skipif(not SUPPORTED, reason="INT8 W8A8 needs compute capability 8.0+")
+@pytest.mark.parametrize("M", [1, 5, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_quantization_gives_the_two_kernel_result(M, dtype):
+    """Decode batches quantize x in the GEMM's prologue (one launch): the same codes and
+    scales as quantize_rows_int8, so the same output, bit for bit."""
+    x, w_q, ws = _case(M, 40, 150, dtype)
+    two = w8a8_int8_linear(x, w_q, ws, fused=False)
+    one = w8a8_int8_linear(x, w_q, ws)                                   # fused by default
+    assert torch.equal(one, two)
+    assert cmp("int8 fused", w8a8_int8_reference(x, w_q, ws), one, rtol=2e-2, atol=2e-2)
+    x = x.clone()
+    x[0, 3] = float("nan")
+    assert torch.isnan(w8a8_int8_linear(x, w_q, ws, fused=True)[0]).all()
+    with pytest.raises(ValueError, match="at most 16 tokens"):
+        w8a8_int8_linear(torch.randn(17, 150), w_q, ws, fused=True)
+
+
 def test_compile_jobs_are_well_formed():
     from kernels import bench, compile_check
     from kernels.w8a8_int8 import compile_jobs
     jobs = compile_jobs(90)
-    assert {j.name for j in jobs} == {"quantize_rows_int8", "int8_gemm", "int8_gemm raw"}
+    assert {j.name for j in jobs} == {"quantize_rows_int8", "int8_gemm", "int8_gemm raw",
+                                      "int8_fused"}
     assert all(j.default for j in jobs) and {j.min_cc for j in jobs} == {0, 80}
     assert "kernels.w8a8_int8" in compile_check.KERNEL_MODULES
     assert "kernels.w8a8_int8" in bench.GPU_KERNEL_MODULES
