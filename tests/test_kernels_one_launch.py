@@ -95,3 +95,20 @@ def test_the_count_catches_the_teaching_gemv(monkeypatch):
     launches, compute = _count(monkeypatch, w4a16, ["w4a16_gemv_kernel"],
                                lambda: w4a16.w4a16_linear(x, wt, kernel="gemv"))
     assert launches == 1 and len(compute) >= 5, compute
+
+
+@pytest.mark.parametrize("M", [1, 16])
+def test_int8_w8a8_decode_is_one_launch(M, monkeypatch):
+    """INT8 W8A8 at decode sizes quantizes x inside the GEMM: one launch, no torch op."""
+    from kernels import w8a8_int8
+
+    if not w8a8_int8.int8_supported()[0]:
+        pytest.skip(w8a8_int8.int8_supported()[1])
+    w_q, ws = w8a8_int8.quantize_weight(torch.randn(40, 96))
+    w_q, ws = w_q.to(DEV), ws.to(DEV)
+    x = torch.randn(M, 96, device=DEV, dtype=torch.bfloat16)
+    launches, compute = _count(monkeypatch, w8a8_int8,
+                               ["int8_fused_kernel", "int8_gemm_kernel",
+                                "quantize_rows_int8_kernel"],
+                               lambda: w8a8_int8.w8a8_int8_linear(x, w_q, ws))
+    assert launches == 1 and compute == [], (launches, compute)
