@@ -112,3 +112,19 @@ def test_int8_w8a8_decode_is_one_launch(M, monkeypatch):
                                 "quantize_rows_int8_kernel"],
                                lambda: w8a8_int8.w8a8_int8_linear(x, w_q, ws))
     assert launches == 1 and compute == [], (launches, compute)
+
+
+@pytest.mark.parametrize("M", [1, 16])
+def test_fp8_w8a8_decode_is_one_launch(M, monkeypatch):
+    """FP8 W8A8 at decode sizes quantizes x inside the GEMM: one launch, no torch op."""
+    from kernels import fp8_w8a8
+
+    if not fp8_w8a8.fp8_supported()[0]:
+        pytest.skip(fp8_w8a8.fp8_supported()[1])
+    w_q, ws = fp8_w8a8.quantize_weight(torch.randn(40, 96))
+    w_q, ws = w_q.to(DEV), ws.float().to(DEV)
+    x = torch.randn(M, 96, device=DEV, dtype=torch.bfloat16)
+    launches, compute = _count(monkeypatch, fp8_w8a8,
+                               ["fp8_fused_kernel", "fp8_gemm_kernel", "quantize_rows_fp8_kernel"],
+                               lambda: fp8_w8a8.fp8_w8a8_linear(x, w_q, ws))
+    assert launches == 1 and compute == [], (launches, compute)
