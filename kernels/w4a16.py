@@ -81,8 +81,8 @@ import triton
 import triton.language as tl
 
 from kernels import INTERPRET, dequant16
-from kernels._common import (GEMV_MAX_M, check_activations, check_device, choose,
-                             config_jobs, gemv_plan, num_sms, on_gpu, pow2_at_least,
+from kernels._common import (GEMV_MAX_M, CompileJob, check_activations, check_device,
+                             choose, config_jobs, gemv_plan, num_sms, on_gpu, pow2_at_least,
                              split_k_for, store_or_reduce, workspace)
 
 GROUP_SIZES = (32, 64, 128)
@@ -657,6 +657,16 @@ def compile_jobs(arch: int, all_configs: bool = False):
                                         w4a16_dot_kernel, dot_sig, consts, _DOT_CONFIGS,
                                         _DOT_DEFAULT, all_configs, rows=lambda c: c["BLOCK_M"],
                                         weight_bytes_per_step=_dot_step_bytes)
+                if not all_configs:              # the plan's tile for batches above 16
+                    p = dot_plan(64, 4096, 4096, group, sms=132)
+                    jobs.append(CompileJob(
+                        "w4a16_prefill", w4a16_dot_kernel, dot_sig,
+                        dict(GROUP=group, HAS_ZERO=has_zero, SPLIT_K=1, W_DTYPE=w_dtype,
+                             USE_ASM=arch >= 80 and act != "*fp32", DOT_FP32=act == "*fp32",
+                             BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"],
+                             GROUPS_PER_STEP=p["GROUPS_PER_STEP"]),
+                        p["num_warps"], p["num_stages"], rows=p["BLOCK_M"], default=True,
+                        weight_bytes_per_step=p["BLOCK_N"] * group // 2 * p["GROUPS_PER_STEP"]))
                 gemm_sig = {k: v for k, v in sig.items() if k != "magic"}
                 jobs += config_jobs("w4a16_gemm", w4a16_gemm_kernel, dict(gemm_sig, x_ptr=act, p_ptr="*u8"),
                                     dict(GROUP=group, HAS_ZERO=has_zero, DOT_FP32=act == "*fp32"),

@@ -96,3 +96,32 @@ def test_pure_triton_path_gives_the_assembly_bits(dtype):
     for got, want in ((lo, elo), (hi, ehi)):
         want16 = torch.tensor(want.reshape(-1), dtype=torch.float64).to(dtype)
         assert torch.equal(got.view(torch.int16), want16.view(torch.int16))
+
+
+def test_assembly_constants_are_the_numbers_the_model_uses():
+    """The hex constants in the inline PTX decode to the magic numbers, biases and
+    multipliers ``emulate_asm`` computes with (a typo there would pass every CPU test)."""
+    import re
+
+    def lanes(hex_word, dtype):
+        v = int(hex_word, 16)
+        assert v >> 16 == v & 0xFFFF, hex_word                       # both lanes equal
+        bits = np.array([v & 0xFFFF], dtype=np.uint32)
+        if dtype == "float16":
+            return float(bits.astype(np.uint16).view(np.float16)[0])
+        return float((bits << 16).view(np.float32)[0])
+
+    f16 = {m[0]: lanes(m[1], "float16")
+           for m in re.findall(r"mov\.b32 (\w+), (0x[0-9A-F]{8});", dequant16._ASM_F16.value)}
+    assert f16 == {"m": 1024.0, "k": 1032.0, "s": 1 / 16, "c": -72.0}
+    bf16 = {m[0]: lanes(m[1], "bfloat16")
+            for m in re.findall(r"mov\.b32 (\w+), (0x[0-9A-F]{8});", dequant16._ASM_BF16.value)}
+    assert bf16 == {"m": 128.0, "one": 1.0, "k": -136.0}
+    assert dequant16.MAGIC16 == {"float16": 0x6400, "bfloat16": 0x4300}
+    assert "lop3.b32 $2, t0, 0x00F000F0, m, 0xEA;" in dequant16._ASM_F16.value
+    assert "fma.rn.f16x2 $2, $2, s, c;" in dequant16._ASM_F16.value
+    assert "shr.u32 u0, t0, 4;" in dequant16._ASM_BF16.value
+    assert "lop3.b32 $2, u0, 0x000F000F, m, 0xEA;" in dequant16._ASM_BF16.value
+    for asm in (dequant16._ASM_F16.value, dequant16._ASM_BF16.value):
+        assert asm.count("prmt.b32") == 2 and "0x4140" in asm and "0x4342" in asm
+        assert asm.count("lop3.b32") == 4 and asm.count(", 0xEA;") == 4   # (a & b) | c
