@@ -11,7 +11,9 @@ evaluation text). They quantize the model one decoder block at a time:
                                                       # the already-quantized blocks before it
 
 so memory holds one block's activations at a time and every block sees the errors of the blocks
-already quantized, as it will when the model runs. Any :class:`~course_lib.model.LlamaModel`
+already quantized, as it will when the model runs (``inputs="fp"`` calibrates every block on
+the unquantized model's activations instead, as llm-awq's code does). Any
+:class:`~course_lib.model.LlamaModel`
 works (the bundled model, SmolLM2 from ``course_lib.smollm``, or a downloaded Llama checkpoint).
 
 What a method produces is a :class:`GroupQuantLinear`: the integer codes, group scales (and zero
@@ -30,6 +32,8 @@ import torch.nn.functional as F
 
 from course_lib import quant
 
+#: What each block is calibrated on (see :func:`quantize_blockwise`).
+INPUTS = ("quantized", "fp")
 #: The bundled model's default calibration: 64 windows of 256 bytes from its training split.
 BUNDLED_WINDOWS, BUNDLED_WINDOW = 64, 256
 
@@ -473,13 +477,21 @@ def quantize_blockwise(model: nn.Module, ids: torch.Tensor,
                        quantize_block: Callable[[nn.Module, torch.Tensor, torch.Tensor,
                                                  torch.Tensor], None],
                        batch_size: int = 16, inplace: bool = False, progress: bool = False,
-                       desc: str = "blocks", n_blocks: int | None = None):
+                       desc: str = "blocks", n_blocks: int | None = None,
+                       inputs: str = "quantized"):
     """Run ``quantize_block(block, x, cos, sin)`` on each decoder block in turn, x being that
     block's inputs on the calibration windows ``ids`` (n, T) as produced by the blocks already
     quantized (lessons 06-07). Returns ``(model, seconds)``; a copy unless ``inplace``.
 
     ``n_blocks``: quantize only the first n blocks (a quick slice for the lessons).
+    ``inputs``: what the next block is calibrated on: "quantized" (the default) runs the block
+    after quantizing it, so each block sees the errors of those before it (GPTQ's reference
+    code does this); "fp" runs it before, so every block sees the unquantized model's
+    activations (llm-awq's reference code does this).
     """
+    if inputs not in INPUTS:
+        raise ValueError(f"inputs must be one of {INPUTS} (what each block is calibrated on); "
+                         f"got {inputs!r}")
     if not hasattr(model, "model") or not hasattr(model.model, "layers"):
         raise TypeError("quantize_blockwise needs a course_lib.model.LlamaModel (model.model."
                         "layers); load one with course_lib.model.load_pretrained or "
@@ -499,9 +511,12 @@ def quantize_blockwise(model: nn.Module, ids: torch.Tensor,
     x = torch.cat([model.model.embed_tokens(ids[i:i + batch_size])
                    for i in range(0, ids.shape[0], batch_size)])           # (n, T, D)
     for i, block in enumerate(_progress(layers, progress, desc)):
+        last = i + 1 == len(layers)
+        if inputs == "fp" and not last:
+            x_next = run_block(block, x, cos, sin, batch_size)              # before quantizing
         quantize_block(block, x, cos, sin)
-        if i + 1 < len(layers):
-            x = run_block(block, x, cos, sin, batch_size)                   # (n, T, D)
+        if not last:
+            x = x_next if inputs == "fp" else run_block(block, x, cos, sin, batch_size)
     return model, time.perf_counter() - t0
 
 

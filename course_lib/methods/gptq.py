@@ -38,6 +38,9 @@ def accumulate_hessian(H: torch.Tensor | None, n_seen: int, x: torch.Tensor):
     """
     x = x.reshape(-1, x.shape[-1]).float()                                   # (b, in)
     b = x.shape[0]
+    if H is not None and H.shape != (x.shape[1], x.shape[1]):
+        raise ValueError(f"inputs of width {x.shape[1]} do not match the running H of shape "
+                         f"{tuple(H.shape)}: one H per Linear")
     if H is None:
         H = torch.zeros(x.shape[1], x.shape[1], device=x.device)
     if b == 0:
@@ -51,9 +54,15 @@ def hessian(x: torch.Tensor) -> torch.Tensor:
 
     X here is (in, N), one column per token, as in the paper; with the tokens as rows of x
     that is 2 x^T x / N."""
-    if x.dim() < 2 or x.shape[0] == 0:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch tensor of layer inputs (tokens, in_features); got "
+                        f"{type(x).__name__}")
+    if x.dim() != 2 or x.shape[0] == 0:
         raise ValueError(f"x must hold layer inputs as rows, shape (tokens, in_features); got "
-                         f"{tuple(x.shape)} (use x[None] for a single token)")
+                         f"{tuple(x.shape)} (use x[None] for a single token, "
+                         f"x.reshape(-1, x.shape[-1]) for a batch of windows)")
+    if not torch.isfinite(x).all():
+        raise ValueError("x holds NaN or inf: H would be NaN; check the model's activations")
     return accumulate_hessian(None, 0, x)[0]
 
 
@@ -62,7 +71,9 @@ def dampen(H: torch.Tensor, damp: float = 0.01) -> torch.Tensor:
     added to the diagonal (lesson 06), so that H can be inverted."""
     if H.dim() != 2 or H.shape[0] != H.shape[1]:
         raise ValueError(f"H must be square (in, in); got {tuple(H.shape)}")
-    if not damp >= 0:
+    if not torch.isfinite(H).all():
+        raise ValueError("H holds NaN or inf: check the calibration inputs")
+    if isinstance(damp, bool) or not isinstance(damp, (int, float)) or not damp >= 0:
         raise ValueError(f"damp must be >= 0 (a fraction of the mean diagonal, e.g. 0.01); "
                          f"got {damp}")
     H = H.clone()
@@ -99,6 +110,8 @@ def inverse_cholesky(H: torch.Tensor) -> torch.Tensor:
     Row j of U holds what GPTQ needs when it reaches column j: U[j, j] scales the error and
     U[j, j+1:] spreads it over the later columns.
     """
+    if H.dim() != 2 or H.shape[0] != H.shape[1]:
+        raise ValueError(f"H must be square (in, in); got {tuple(H.shape)}")
     try:
         L = torch.linalg.cholesky(H)                                         # H = L L^T
         Hinv = torch.cholesky_inverse(L)                                     # H^-1
@@ -127,6 +140,9 @@ def gptq_plain(W: torch.Tensor, U: torch.Tensor, bits: int = 4, group_size: int 
     """
     gr = cal.get_grid(grid)
     sym = gr.check(bits, group_size, symmetric)
+    if W.dim() != 2 or U.shape != (W.shape[1], W.shape[1]):
+        raise ValueError(f"W must be (out, in) and U (in, in); got {tuple(W.shape)} and "
+                         f"{tuple(U.shape)}")
     W = W.clone()
     out_f, in_f = W.shape
     cal.check_group_size(in_f, group_size)
@@ -322,6 +338,9 @@ def gptq_model(model: nn.Module, ids: torch.Tensor, bits: int = 4, group_size: i
 
 def output_error(W: torch.Tensor, W_q: torch.Tensor, x: torch.Tensor) -> float:
     """Relative output error ||W X - W' X|| / ||W X|| on inputs x (N, in) (lesson 06)."""
+    if W.shape != W_q.shape or x.shape[-1] != W.shape[1]:
+        raise ValueError(f"W {tuple(W.shape)} and W_q {tuple(W_q.shape)} must match, and x's "
+                         f"last dimension ({x.shape[-1]}) must be W's inputs ({W.shape[1]})")
     ref = x.float() @ W.float().T                                            # (N, out)
     return float((ref - x.float() @ W_q.float().T).norm() / ref.norm().clamp_min(1e-30))
 
