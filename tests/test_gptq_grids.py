@@ -137,7 +137,8 @@ def test_course_grid_is_unchanged():
 
 
 # ----------------------------------------------------------------------------- GPTQ on each grid
-@pytest.mark.parametrize("name", ["course", "llm-compressor", "q4_0", "q4_1"])
+@pytest.mark.parametrize("name", ["course", "llm-compressor", "llm-compressor-grid", "q4_0",
+                                  "q4_1"])
 def test_gptq_with_an_identity_hessian_is_round_to_nearest_on_its_grid(name):
     W = _weights(5)
     codes, scale, second = gptq.gptq_quantize(W, torch.eye(128), 4, 32, grid=name)
@@ -170,6 +171,10 @@ def test_llm_compressor_scales_come_from_the_original_weight_up_front():
     assert torch.equal(scale, want)
     _, scale_course, _ = gptq.gptq_quantize(W, H, 4, 32)
     assert not torch.allclose(scale_course[:, 1:], W.view(16, 4, 32).abs().amax(-1)[:, 1:] / 7)
+    # the same grid with the course's timing: group 0 from the original W, the later groups not
+    _, scale_late, _ = gptq.gptq_quantize(W, H, 4, 32, grid="llm-compressor-grid")
+    assert torch.equal(scale_late[:, 0], want[:, 0])
+    assert not torch.allclose(scale_late[:, 1:], want[:, 1:])
 
 
 @pytest.mark.parametrize("name", ["q4_0", "q4_1", "llm-compressor"])

@@ -227,6 +227,14 @@ class LLMCompressorGrid(Grid):
         return torch.clamp(torch.round(w / scale.to(w.dtype)), lo, hi).to(torch.int8)
 
 
+class LLMCompressorGridOnly(LLMCompressorGrid):
+    """llm-compressor's grid (absmax / 7.5, codes -8..7) with the course's timing: GPTQ sets a
+    group's scale when the loop reaches it, from the corrected columns. Beside
+    'llm-compressor' it separates the effect of the grid from that of scales set up front
+    (lesson 06's experiment)."""
+    name, up_front = "llm-compressor-grid", False
+
+
 class Q4_0Grid(Grid):
     """llama.cpp's Q4_0 (``quantize_row_q4_0_ref`` in ggml-quants.c), blocks of 32, 4 bits:
     m = the block's value with the largest |w| (sign kept; the first one on a tie),
@@ -290,8 +298,8 @@ class Q4_1Grid(Grid):
                                 offset=second, grid=self.name)
 
 
-GRIDS = {"course": Grid(), "llm-compressor": LLMCompressorGrid(), "q4_0": Q4_0Grid(),
-         "q4_1": Q4_1Grid()}
+GRIDS = {"course": Grid(), "llm-compressor": LLMCompressorGrid(),
+         "llm-compressor-grid": LLMCompressorGridOnly(), "q4_0": Q4_0Grid(), "q4_1": Q4_1Grid()}
 
 
 def get_grid(grid) -> Grid:

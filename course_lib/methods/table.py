@@ -60,6 +60,10 @@ CONVENTIONS = {
                       "((2**bits - 1) / 2) (absmax/7.5 for INT4, codes -8..7), GPTQ's group "
                       "scales computed up front from the original weight, fp32 scales; every "
                       "block Linear quantized, embeddings and head kept",
+    "llm-compressor-grid": "llm-compressor's grid with the course's timing: symmetric group-wise "
+                           "INT, scale = absmax / ((2**bits - 1) / 2) (absmax/7.5 for INT4, codes "
+                           "-8..7), GPTQ's group scales set when the loop reaches the group, fp32 "
+                           "scales; every block Linear quantized, embeddings and head kept",
     "q4_0": "llama.cpp Q4_0 blocks of 32 (d = signed absmax / -8, codes -8..7, fp16 d); every "
             "block Linear quantized, embeddings and head kept",
     "q4_1": "llama.cpp Q4_1 blocks of 32 (d = (max - min) / 15, m = min, fp16 d and m); every "
