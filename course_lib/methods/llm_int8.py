@@ -1,7 +1,8 @@
 """LLM.int8(): vector-wise INT8 matmul with a mixed-precision decomposition (lesson 05).
 
-Paper: T. Dettmers, M. Lewis, Y. Belkada, L. Zettlemoyer, "LLM.int8(): 8-bit Matrix
-Multiplication for Transformers at Scale", NeurIPS 2022.
+Paper: T. Dettmers, M. Lewis, Y. Belkada, L. Zettlemoyer,  # quotation: the paper's authors
+"LLM.int8(): 8-bit Matrix Multiplication for Transformers at Scale",  # quotation: the paper's title
+NeurIPS 2022.
 
 The pieces, in the order lesson 05 teaches them:
 

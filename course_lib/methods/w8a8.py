@@ -280,12 +280,15 @@ def score_variants(model, ref, calib_ids, variants=VARIANTS, log=print, reuse=()
 
 
 def alpha_sweep(model, ref, calib_ids, alphas, act: str = "static_per_tensor",
-                fmt: str = "int8") -> list[dict]:
-    """KL and top-1 of SmoothQuant + W8A8 at each alpha (lesson 08's plot)."""
+                fmt: str = "int8", extra=()) -> list[dict]:
+    """KL and top-1 of SmoothQuant + W8A8 at each alpha (lesson 08's plot); extra: smoothing
+    groups beyond the reference ones."""
+    extra = smoothquant._check_extra(extra)
     rows = [dict(alpha=a, **{k: v for k, v in r.items() if k in ("kl_nats", "top1_agreement")})
             for a, r in zip(alphas, score_variants(
                 model, ref, calib_ids,
-                [(f"alpha {a}", "w8a8", fmt, act, a) for a in alphas], log=lambda *_: None))]
+                [(f"alpha {a}", "w8a8", fmt, act, a, extra) for a in alphas],
+                log=lambda *_: None))]
     return rows
 
 
@@ -400,6 +403,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", choices=["bundled", "smollm2"], default="bundled")
     p.add_argument("--no-sweep", action="store_true",
                    help="skip the alpha sweep (the results file's sweep is kept)")
+    p.add_argument("--sweep-extra", nargs="*", default=[], choices=list(smoothquant.EXTRA_GROUPS),
+                   help="smoothing groups beyond the reference ones for the alpha sweep")
     p.add_argument("--reuse", action="store_true",
                    help="copy rows of the existing results file measured on the same windows and "
                         "calibration instead of recomputing them")
@@ -436,10 +441,10 @@ def main(argv=None) -> int:
         else:
             print("--reuse: the results file was measured on another setup; recomputing all")
     rows = score_variants(model, ref, calib, reuse=reuse)
-    sweep, swept = {}, ["norms"]
+    sweep, swept = {}, ["norms", *args.sweep_extra]
     if not args.no_sweep:
         for act in ACT_MODES:
-            sweep[act] = alpha_sweep(model, ref, calib, ALPHAS, act)
+            sweep[act] = alpha_sweep(model, ref, calib, ALPHAS, act, extra=args.sweep_extra)
             print(act, [f"{r['alpha']}: {r['kl_nats']:.5f}" for r in sweep[act]])
     elif path.exists():         # keep the file's sweep, saying which groups it smoothed
         old = json.loads(path.read_text())
