@@ -95,9 +95,6 @@ def test_the_command_line_lists_runs_and_exits_1(tmp_path, monkeypatch, capsys):
 
 # ---- the course ----------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=False, reason="lessons 05-12 and some course_lib modules still hold "
-                   "runs their owners are rewriting (issue 19); the lead makes this strict at "
-                   "merge")
 def test_the_course_is_in_its_own_words():
     folder = seed_overlap.seeds_dir()
     if folder is None:
