@@ -19,11 +19,12 @@ Modules (each imported on demand, so `import course_lib` stays cheap):
 - ``guide``    the measured summary read from results/, which GPUs compute which formats,
                the decision rule, the serving commands, the common-mistakes quiz (lesson 12)
 - ``learner_progress`` which exercises this learner has passed: ``course_lib.progress()``
-- ``exercises``, ``nbmeta``, ``grading`` tooling: exercises/ from solutions/, slide and nbgrader
-  metadata, an nbgrader course folder (for authors and instructors)
-- ``render``, ``book`` every notebook executed; the static HTML book (``make book``)
-- ``workshop``, ``notebook_timer`` the instructors' tables from measurements (run times from a
-  timed test run, exercises and difficulty, GPU figures): ``make notebook-times``
+- ``paths``    where the course folder is (``ROOT``)
+- ``authoring`` the course's machinery, not taught: the exercise generator, slide and nbgrader
+  metadata, grading, the rendered book, the run-time tables (for authors and instructors)
+
+The layers, bottom to top, and the rule that imports only go down: ``docs/architecture.md``
+(``tests/test_imports.py`` holds the code to it).
 """
 __version__ = "0.1.0"
 
@@ -31,5 +32,8 @@ __version__ = "0.1.0"
 def progress(reset: bool = False, path=None):
     """Which exercises you have passed, a table per lesson (every exercise notebook);
     ``reset=True`` starts again. See ``course_lib.learner_progress``."""
-    from course_lib.learner_progress import progress as _progress
-    return _progress(reset=reset, path=path)
+    from course_lib.checks import load_all
+    from course_lib.learner_progress import progress_table
+
+    titles = {exercise_id: ex.title for exercise_id, ex in load_all().items()}
+    return progress_table(titles, reset=reset, path=path)
