@@ -10,14 +10,18 @@ Modules (each imported on demand, so `import course_lib` stays cheap):
 - ``bandwidth`` this machine's measured copy bandwidth (lessons 00, 10)
 - ``formats``  number formats bit by bit (lesson 01)
 - ``quant``    quantizers, block formats, packing, error metrics (lessons 02-03)
-- ``model``, ``eval``, ``activations``, ``qmodel`` the bundled model and its tooling (lesson 04)
+- ``data``     the texts: the bundled model's corpus, SmolLM2's reference text (lesson 04)
+- ``model``, ``eval``, ``activations``, ``qmodel`` the bundled model and its tooling (lesson 04);
+  ``train`` retrains it (``make model``)
 - ``smollm``, ``gguf_model`` the real LLM (SmolLM2-135M) from its GGUF file; its text (lesson 04)
 - ``methods``  quantization methods from the papers, one module each (lessons 05-08)
+- ``export``   a compressed-tensors checkpoint a serving engine loads (lessons 06-07)
 - ``kv``       quantized KV caches, their byte accounting and quality by position (lesson 11)
 - ``bench``    timing and the roofline (lessons 00, 09, 10)
 - ``validate`` the validation ladder: KL/top-1, a task, long generations (lesson 12)
 - ``guide``    the measured summary read from results/, which GPUs compute which formats,
                the decision rule, the serving commands, the common-mistakes quiz (lesson 12)
+- ``widgets``  the interactive widgets, one module per lesson that has one
 - ``learner_progress`` which exercises this learner has passed: ``course_lib.progress()``
 - ``paths``    where the course folder is (``ROOT``)
 - ``authoring`` the course's machinery, not taught: the exercise generator, slide and nbgrader
