@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # JupyterLab refuses to run as root without --allow-root (containers, cloud boxes).
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test exercises render book notebook-times model bench clean-venv
+.PHONY: setup lab test exercises render book notebook-times model bench gpu-bundle clean-venv
 
 setup: $(STAMP)
 
@@ -58,6 +58,16 @@ model: setup
 # Run the decode-speed benchmark on this machine; writes results/bench_<device>.json.
 bench: setup
 	$(PY) -m kernels.bench
+
+# Before a GPU session (its machines have no network): put gemlite (pure Python + Triton,
+# ~180 KB), an optional peer of kernels.bench, into third_party/gemlite (git-ignored; it
+# travels with the working tree). Its import touches CUDA: kernels.bench imports it on a GPU only.
+GEMLITE ?= gemlite==0.6.0.post2
+gpu-bundle: setup
+	rm -rf third_party/gemlite third_party/wheels && mkdir -p third_party/wheels
+	$(PY) -m pip download --no-deps --only-binary=:all: -d third_party/wheels "$(GEMLITE)"
+	$(PY) -c "import glob, zipfile; zipfile.ZipFile(glob.glob('third_party/wheels/gemlite-*.whl')[0]).extractall('third_party/gemlite')"
+	du -sh third_party/gemlite
 
 clean-venv:
 	rm -rf $(VENV)

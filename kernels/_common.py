@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field
 
 import torch
+import triton
+import triton.language as tl
 
 from kernels import INTERPRET
 
@@ -214,3 +216,55 @@ def config_jobs(name, kernel, signature, constexprs, configs, default, all_confi
         jobs.append(CompileJob(name, kernel, dict(signature), consts, cfg.num_warps,
                                cfg.num_stages, default=same(cfg, default), **kw))
     return jobs
+
+
+# ---------------------------------------------------------------------------- split-K
+
+def split_k_for(tiles: int, steps: int, sms: int) -> int:
+    """K slices per output tile so that the grid has about two programs per SM (each SM
+    then keeps two programs' pipelined loads in flight), keeping >= 2 loop trips a slice."""
+    split = 1
+    while tiles * split < 2 * sms and steps // (2 * split) >= 2:
+        split *= 2
+    return split
+
+
+_WORKSPACES: dict = {}
+
+
+def workspace(M: int, N: int, tiles: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split-K workspace (M, N) fp32 and one arrival counter per output tile, made once
+    per shape and device (``store_or_reduce`` leaves both at zero after every call, so a
+    call, or a CUDA graph replay, launches nothing else). One stream at a time per shape."""
+    key = (str(device), M, N, tiles)
+    if key not in _WORKSPACES:
+        _WORKSPACES[key] = (torch.zeros((M, N), dtype=torch.float32, device=device),
+                            torch.zeros((tiles,), dtype=torch.int32, device=device))
+    return _WORKSPACES[key]
+
+
+@triton.jit
+def store_or_reduce(acc, y_ptr, ws_ptr, cnt_ptr, offs_m, offs_n, M, N, stride_ym,
+                    SPLIT_K: tl.constexpr):
+    """Write a (BLOCK_M, BLOCK_N) fp32 tile into y once, in y's dtype (lessons 09-10).
+
+    SPLIT_K > 1: every K slice adds into the fp32 workspace; the last one to arrive (a
+    counter per tile; grid axes 0 and 1 are the N and M tiles) reads the sum back where the
+    atomics left it, writes y, and sets workspace and counter to zero again.
+    """
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    y_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    if SPLIT_K == 1:
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
+    else:
+        ws_ptrs = ws_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+        tl.atomic_add(ws_ptrs, acc, mask=y_mask)
+        tl.debug_barrier()                                   # every thread's adds are done
+        tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        arrived = tl.atomic_add(cnt_ptr + tile, 1)           # acq_rel: after the adds
+        if arrived == SPLIT_K - 1:
+            zeros = tl.zeros(acc.shape, tl.float32)
+            total = tl.atomic_add(ws_ptrs, zeros, mask=y_mask)   # read at L2, where the sums are
+            tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=y_mask)
+            tl.store(ws_ptrs, zeros, mask=y_mask)            # zero again for the next call
+            tl.store(cnt_ptr + tile, 0)                      # every slice has arrived

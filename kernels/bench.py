@@ -5,8 +5,9 @@ Runs on whatever is there and writes ``results/bench_<device>.json``:
 * on a CUDA GPU: torch BF16 ``F.linear`` (FP16 below compute capability 8.0, where there
   are no BF16 tensor cores) against the course's Triton kernels (``GPU_KERNEL_MODULES``:
   W8A16, W4A16 group 128, FP8 W8A8 with activation quantization when compute capability
-  >= 8.9) and against what a user would pick instead (``peer_backends``: ``torch.compile``d
-  int8 weight-only as in gpt-fast, ``torch._scaled_mm`` row-wise FP8), on Llama-3.1-8B layer
+  >= 8.9) and against what a user would pick instead (``peer_backends``: torch's int4
+  ``_weight_int4pack_mm``, ``torch.compile``d int8 weight-only with gpt-fast's settings,
+  ``torch._scaled_mm`` row-wise FP8, gemlite when bundled), on Llama-3.1-8B layer
   shapes (4096x4096, 4096x14336, 14336x4096, 4096x1024) and 70B-like ones (8192x8192,
   8192x28672), batch 1, 4, 16, 64, prefill M=2048 (and M=4096 for W8A8), timed from CUDA
   graphs over weight copies larger than L2 (``FIELDS`` says what each timing means); then
@@ -44,6 +45,7 @@ from typing import Callable
 import kernels  # noqa: F401  (Triton mode first)
 import torch
 import torch.nn.functional as F
+import triton
 
 from course_lib import bench
 
@@ -98,15 +100,44 @@ def _cpu_int8_prepare(w):
     return q.contiguous(), s.to(torch.bfloat16)   # bf16 x and scales: its fast path
 
 
-def _cpu_int4_prepare(w, group_size=128):
-    """torch's CPU int4 layout: unsigned codes 0..15 with w = (u - 8) * scale + zero."""
+def int4pack_params(wt) -> tuple[torch.Tensor, torch.Tensor]:
+    """The course's W4A16 weight in torch's int4 kernels' terms (tinygemm convention).
+
+    torch's ``_weight_int4pack_mm`` (CUDA) and ``_weight_int4pack_mm_for_cpu`` compute
+    w = (u - 8) * scale + zero with unsigned codes u in 0..15 and (scale, zero) per group
+    and output row. The course stores w = (q - z) * s (z = 0 with signed codes q in -8..7):
+    u = q + 8 and zero = 0 when symmetric; u = q and zero = (8 - z) * s with zero points.
+    Returns (u (N, K) int32, scales_and_zeros (K/G, N, 2) fp32); exact up to the dtype the
+    caller casts them to.
+    """
     from course_lib import quant
 
-    qt = quant.quantize(w.float(), "int4", "per_group", group_size)   # codes -7..7
-    u = (qt.q.to(torch.int32) + 8).contiguous()                         # (N, K) in 1..15
+    signed = wt.zero is None
+    q = quant.unpack_int4(wt.packed, signed=signed).to(torch.int32)     # (N, K)
+    u = q + 8 if signed else q                                          # (N, K) 0..15
+    s = wt.scale.float()                                                # (N, K/G)
+    zero = torch.zeros_like(s) if signed else (8 - wt.zero.float()) * s  # (N, K/G)
+    return u.contiguous(), torch.stack([s.T, zero.T], dim=-1).contiguous()   # (K/G, N, 2)
+
+
+def _cpu_int4_prepare(w, group_size=128):
+    """torch's CPU int4 layout from the course's own W4A16 codes (``int4pack_params``)."""
+    from kernels.w4a16 import quantize_weight
+
+    u, sz = int4pack_params(quantize_weight(w.float(), group_size))
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u, 1)
-    sz = torch.stack([qt.scale.T, torch.zeros_like(qt.scale.T)], -1)    # (K/G, N, 2)
-    return packed, sz.to(torch.bfloat16).contiguous(), group_size
+    return packed, sz.to(torch.bfloat16), group_size
+
+
+def _cuda_int4_prepare(w, group_size=128):
+    """torch's CUDA int4 (tinygemm) layout: two codes a byte, high nibble first, then
+    ``_convert_weight_to_int4pack`` with 8 inner k-tiles (what gpt-fast and torchao use)."""
+    from kernels.w4a16 import quantize_weight
+
+    u, sz = int4pack_params(quantize_weight(w.float(), group_size))
+    u8 = (u[:, ::2] << 4 | u[:, 1::2]).to(torch.uint8)                   # (N, K/2)
+    packed = torch.ops.aten._convert_weight_to_int4pack(u8.contiguous(), 8)
+    return packed, sz.to(w.dtype if w.dtype != torch.float32 else torch.bfloat16), group_size
 
 
 def cpu_backends(probe: bool = True, log=print) -> list[Backend]:
@@ -206,34 +237,120 @@ def _fp8_rowwise_prepare(w):
     return q.contiguous(), s.float().reshape(1, -1)                     # (N, K), (1, N)
 
 
-def _fp8_rowwise(x, st):
-    """torch._scaled_mm with per-token and per-channel scales (what vLLM-style FP8 does);
-    its operands need multiples of 16 rows, so a decode batch is padded (cost included)."""
+def _fp8_quantize_rows(x):
+    """Per-token FP8 of x padded to a multiple of 16 rows (``_scaled_mm`` needs that)."""
     from kernels.fp8_w8a8 import FP8_DTYPE, FP8_MAX
 
-    q, ws = st
-    M = x.shape[0]
-    pad = (-M) % 16
+    pad = (-x.shape[0]) % 16
     xp = F.pad(x, (0, 0, 0, pad)) if pad else x                         # (M + pad, K)
     amax = xp.float().abs().amax(dim=1, keepdim=True)                   # (M + pad, 1)
     xs = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    xq = (xp.float() / xs).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return (xp.float() / xs).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), xs
+
+
+def _fp8_rowwise(x, st, quantize=_fp8_quantize_rows):
+    """torch._scaled_mm with per-token and per-channel scales (what vLLM-style FP8 does);
+    its operands need multiples of 16 rows, so a decode batch is padded (cost included).
+    ``quantize``: the activation quantization (eager, or ``torch.compile``d into one kernel)."""
+    q, ws = st
+    xq, xs = quantize(x)
     y = torch._scaled_mm(xq, q.t(), scale_a=xs, scale_b=ws, out_dtype=x.dtype)
-    return y[:M]
+    return y[:x.shape[0]]
+
+
+# gpt-fast's inductor settings (generate.py): coordinate-descent tuning of the generated
+# kernels; compiled with fullgraph and no dynamic shapes
+GPT_FAST_INDUCTOR = {"coordinate_descent_tuning": True, "fx_graph_cache": True}
+
+
+def compiled_kernel_count(fn, *args) -> int | None:
+    """Kernels inductor generated for one compiled call of ``fn`` (1 = fully fused), or
+    None when this torch does not say."""
+    try:
+        from torch._inductor import metrics
+    except ImportError:
+        return None
+    metrics.reset()
+    fn(*args)
+    return getattr(metrics, "generated_kernel_count", None)
+
+
+def _gpt_fast_int8():
+    """The gpt-fast int8 weight-only peer: compiled with gpt-fast's settings, and checked
+    on a small layer that inductor fused it into one kernel; the name says which."""
+    import torch._inductor.config as ic
+
+    for key, value in GPT_FAST_INDUCTOR.items():
+        if hasattr(ic, key):
+            setattr(ic, key, value)
+    if hasattr(ic, "triton") and hasattr(ic.triton, "unique_kernel_names"):
+        ic.triton.unique_kernel_names = True
+    compiled = torch.compile(_int8_weight_only, dynamic=False, fullgraph=True)
+    name = "int8 wo (torch.compile, gpt-fast settings)"
+    if torch.cuda.is_available():
+        q = torch.randint(-127, 128, (256, 512), dtype=torch.int8, device="cuda")
+        s = torch.rand(256, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(1, 512, device="cuda", dtype=torch.bfloat16)
+        n = compiled_kernel_count(compiled, x, q, s)
+        name += "" if n == 1 else f" [not fused: {n} kernels]"
+    return name, compiled
 
 
 def peer_backends(act_dtype: torch.dtype = torch.bfloat16, with_fp8: bool = True) -> list[Backend]:
-    """What a user would run instead of the course's kernels (GPU benchmark, item 6 of the
-    kernels issue): ``torch.compile``d int8 weight-only (gpt-fast style) and, with FP8
-    maths, ``torch._scaled_mm`` row-wise FP8. Each is probed before use and left out with
-    a note when this torch or GPU cannot run it."""
-    compiled = torch.compile(_int8_weight_only, dynamic=False)
-    out = [Backend("int8 wo (torch.compile)", _int8_weight_only_prepare,
-                   lambda x, st: compiled(x, *st), act_dtype, 8, "per_channel")]
+    """What a user would run instead of the course's kernels (GPU benchmark, issue 18):
+    torch's own int4 kernel (tinygemm ``_weight_int4pack_mm``, the course's codes mapped
+    exactly by ``int4pack_params``), gpt-fast-style int8 weight-only (``torch.compile``
+    with gpt-fast's settings, labelled unfused when inductor did not fuse it), with FP8
+    maths ``torch._scaled_mm`` row-wise FP8 with its activation quantization compiled, and
+    gemlite (W4A16 g128) when ``make gpu-bundle`` put it in ``third_party/``. Each is
+    probed before use and left out with a note when this torch or GPU cannot run it."""
+    name, compiled = _gpt_fast_int8()
+    out = [Backend("int4 g128 (torch _weight_int4pack_mm)", _cuda_int4_prepare,
+                   lambda x, st: torch.ops.aten._weight_int4pack_mm(x, st[0], st[2], st[1]),
+                   act_dtype, 4, 128),
+           Backend(name, _int8_weight_only_prepare, lambda x, st: compiled(x, *st),
+                   act_dtype, 8, "per_channel")]
     if with_fp8:
-        out.append(Backend("fp8 rowwise (_scaled_mm)", _fp8_rowwise_prepare, _fp8_rowwise,
+        quant = torch.compile(_fp8_quantize_rows, dynamic=False)
+        out.append(Backend("fp8 rowwise (_scaled_mm, compiled quantization)",
+                           _fp8_rowwise_prepare, lambda x, st: _fp8_rowwise(x, st, quant),
                            act_dtype, 8, "per_channel"))
+    out += gemlite_backends(act_dtype)
     return out
+
+
+GEMLITE_DIR = ROOT / "third_party" / "gemlite"   # ``make gpu-bundle`` (git-ignored)
+
+
+def gemlite_backends(act_dtype: torch.dtype = torch.bfloat16) -> list[Backend]:
+    """gemlite W4A16 g128 when its bundled copy is there and a GPU is (its import touches
+    CUDA: never on a CPU). The course's codes map exactly: w = (u - zero) * scale with
+    u = q + 8 and zero = 8 (symmetric)."""
+    if not (torch.cuda.is_available() and not kernels.INTERPRET and GEMLITE_DIR.is_dir()):
+        return []
+    if str(GEMLITE_DIR) not in sys.path:
+        sys.path.insert(0, str(GEMLITE_DIR))
+    try:
+        from gemlite.core import DType, GemLiteLinear
+    except Exception as e:  # noqa: BLE001  (an optional peer: say why, go on)
+        print(f"  gemlite not usable: {type(e).__name__}: {e}")
+        return []
+
+    def prepare(w, G=128):
+        from course_lib import quant
+        from kernels.w4a16 import quantize_weight
+
+        wt = quantize_weight(w.float(), G)
+        u = (quant.unpack_int4(wt.packed, signed=True).to(torch.int16) + 8).to(torch.uint8)
+        N, K = u.shape
+        dt = DType.BF16 if act_dtype == torch.bfloat16 else DType.FP16
+        layer = GemLiteLinear(W_nbits=4, group_size=G, in_features=K, out_features=N,
+                              input_dtype=dt, output_dtype=dt)
+        s = wt.scale.to(act_dtype)
+        layer.pack(u.to(w.device), s.to(w.device), torch.full_like(s, 8).to(w.device), None)
+        return layer
+
+    return [Backend("int4 g128 (gemlite)", prepare, lambda x, layer: layer(x), act_dtype, 4, 128)]
 
 
 def machine_backends(log=print, probe: bool = True) -> list[Backend]:
@@ -436,6 +553,67 @@ def _cuda_graph(step):
     except Exception as err:  # noqa: BLE001  (reported in the JSON as "cuda_graph": false)
         print(f"  (CUDA graph capture failed, timing eagerly: {type(err).__name__}: {err})")
         return step, False
+
+
+# ---------------------------------------------------------------------------- separating measurements
+
+def separating_measurements(shapes=((4096, 4096), (8192, 28672)), log=print) -> dict:
+    """The measurements that separate the hypotheses of issue 18 (GPU only; CUDA graphs):
+
+    * W8A16 at batch 1 through the tensor-core kernel against the CUDA-core GEMV on the same
+      bytes (pipelining and tensor cores, or the dequantization maths?);
+    * the W4A16 kernel alone (one launch, x used as it is) against the first version's
+      activation preparation alone (``gemv_activations``) and its GEMV kernel alone;
+    * the decode-attention kernel (lesson 11) at its benchmark sizes.
+    Each output is checked against the plain-torch reference before it is timed.
+    """
+    from course_lib.device import require_gpu
+    from kernels import w4a16, w8a16
+    from kernels.decode_attention import benchmark_rows
+
+    require_gpu("kernels.bench.separating_measurements")
+    out = {"device": device_record(), "versions": versions(), "layers": []}
+    for K, N in shapes:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        w = torch.randn(N, K, device="cuda", generator=g) / K ** 0.5      # (N, K)
+        x = torch.randn(1, K, device="cuda", generator=g).to(torch.bfloat16)
+        w_q, s8 = w8a16.quantize_weight(w)
+        wt = w4a16.quantize_weight(w, 128)
+        words = wt.packed.view(torch.int32)
+        xp = w4a16.gemv_activations(x)
+        y = torch.empty((1, N), device="cuda", dtype=torch.bfloat16)
+
+        def gemv_kernel_alone():
+            w4a16.w4a16_gemv_kernel[(triton.cdiv(N, 32), 1)](
+                xp, words, wt.scale, wt.scale, y, 1, N, K, xp.stride(0), words.stride(0),
+                wt.scale.stride(0), y.stride(0), w4a16.MAGIC.value, GROUP=128, BLOCK_M=1,
+                BLOCK_N=32, SPLIT_K=1, HAS_ZERO=False, BLOCK_K=256, num_warps=4, num_stages=3)
+
+        calls = {
+            "w8a16 dot M=1": lambda: w8a16.w8a16_linear(x, w_q, s8),
+            "w8a16 gemv M=1": lambda: w8a16.w8a16_linear(x, w_q, s8, kernel="gemv"),
+            "w4a16 dot kernel (whole call)": lambda: w4a16.w4a16_linear(x, wt),
+            "w4a16 gemv: activation preparation alone": lambda: w4a16.gemv_activations(x),
+            "w4a16 gemv: kernel alone": gemv_kernel_alone,
+            "w4a16 gemv (whole call)": lambda: w4a16.w4a16_linear(x, wt, kernel="gemv"),
+        }
+        ref8, ref4 = w8a16.w8a16_reference(x, w_q, s8).float(), w4a16.w4a16_reference(x, wt).float()
+        for name, ref in (("w8a16 dot M=1", ref8), ("w8a16 gemv M=1", ref8),
+                          ("w4a16 dot kernel (whole call)", ref4), ("w4a16 gemv (whole call)", ref4)):
+            err = ((calls[name]().float() - ref).norm() / ref.norm()).item()
+            assert err < 2e-2, f"{name} at {K}x{N}: relative error {err:.3g}"
+        row = {"K": K, "N": N, "us": {}}
+        for name, fn in calls.items():
+            step, graph = _cuda_graph(fn)
+            row["us"][name] = round(1e3 * bench.time_gpu(step), 2)
+            row.setdefault("cuda_graph", {})[name] = graph
+            log(f"  {K}x{N} {name}: {row['us'][name]} us")
+        out["layers"].append(row)
+    try:
+        out["decode_attention"] = benchmark_rows()
+    except Exception as e:  # noqa: BLE001  (never timed on a GPU before: record, go on)
+        out["decode_attention"] = {"error": f"{type(e).__name__}: {e}"}
+    return out
 
 
 # ---------------------------------------------------------------------------- targets
@@ -759,9 +937,17 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="a small subset (notebooks, tests)")
     p.add_argument("--budget-s", type=float, default=150.0, help="CPU time budget for layers")
     p.add_argument("--out", default=str(ROOT / "results"), help="folder for the JSON")
+    p.add_argument("--separate", action="store_true",
+                   help="only the measurements that separate issue 18's hypotheses (GPU)")
     p.add_argument("--threads", type=int, default=1,
                    help="CPU threads for a CPU run (default 1: stable on shared machines; 0 = torch's default)")
     args = p.parse_args(argv)
+    if args.separate:
+        res = separating_measurements()
+        path = Path(args.out) / f"separate_{device_slug(torch.cuda.get_device_name(0))}.json"
+        path.write_text(json.dumps(res, indent=1) + "\n")
+        print(f"wrote {path}")
+        return 0
     result = run(quick=args.quick, budget_s=args.budget_s, threads=args.threads or None,
                  checkpoint=lambda partial: write_results(partial, args.out))
     path = write_results(result, args.out)

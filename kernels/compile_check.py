@@ -262,8 +262,13 @@ def check(archs=ARCHS, all_configs: bool = False, report: bool = False, only=Non
                     sass = sass_main_loop(k.asm["cubin"])
                     if sass and job.weight_bytes_per_step:
                         per_sass = len(sass) * threads / job.weight_bytes_per_step
-                        rec.update(sass_instructions_per_weight_byte=round(per_sass, 2))
-                        extra += f" (SASS {per_sass:.2f})"
+                        rec.update(sass_instructions_per_weight_byte=round(per_sass, 2),
+                                   sass_cp_async_in_loop=any("LDGSTS" in y for y in sass),
+                                   sass_int_to_float_in_loop=sum(
+                                       1 for y in sass if y.split()[0].startswith("I2F")))
+                        extra += (f" (SASS {per_sass:.2f}, cp.async "
+                                  f"{'yes' if rec['sass_cp_async_in_loop'] else 'no'}, I2F "
+                                  f"{rec['sass_int_to_float_in_loop']})")
                     rec.update(resource_usage(k.asm["cubin"]))
                     if "regs" in rec:
                         extra += f" regs {rec['regs']} spill {rec['local_bytes']} B"
@@ -273,6 +278,86 @@ def check(archs=ARCHS, all_configs: bool = False, report: bool = False, only=Non
             log(f"sm_{arch} {job.name:20s} {verdict:18s} {cfg} warps={job.num_warps} "
                 f"stages={job.num_stages}{' (default)' if job.default else ''}{extra} {why}")
     return bad, records
+
+
+# ---------------------------------------------------------------------------- launch plans
+
+# (K in, N out) of the benchmark's layers: an 8B model's MLP up-projection and attention
+BENCH_SHAPES = ((8192, 28672), (4096, 4096))
+
+
+def plan_jobs(arch: int, M: int, K: int, N: int, sms: int):
+    """[(name, CompileJob, plan)] of the decode launch plans the wrappers use on a GPU with
+    ``sms`` SMs, for the weight-only kernels at batch M (bf16 activations, group 128)."""
+    import triton.language as tl
+    from kernels import w4a16, w8a16
+    from kernels._common import CompileJob
+
+    out = []
+    p = w4a16.dot_plan(M, N, K, 128, sms=sms)
+    consts = {k: v for k, v in p.items() if k not in ("num_warps", "num_stages")}
+    sig = next(j for j in w4a16.compile_jobs(arch) if j.name == "w4a16_dot").signature
+    consts.update(GROUP=128, HAS_ZERO=False, W_DTYPE=tl.bfloat16, USE_ASM=arch >= 80,
+                  DOT_FP32=False)
+    out.append(("w4a16_dot", CompileJob("w4a16_dot", w4a16.w4a16_dot_kernel, sig, consts,
+                                        p["num_warps"], p["num_stages"],
+                                        weight_bytes_per_step=p["BLOCK_N"] * 64 *
+                                        p["GROUPS_PER_STEP"]), p,
+                (K // 128) // p["GROUPS_PER_STEP"]))
+    p8 = w8a16.dot_plan(M, N, K, sms=sms)
+    consts = {k: v for k, v in p8.items() if k not in ("num_warps", "num_stages")}
+    sig = next(j for j in w8a16.compile_jobs(arch) if j.name == "w8a16_gemm").signature
+    consts.update(DOT_FP32=False)
+    out.append(("w8a16_dot", CompileJob("w8a16_dot", w8a16.w8a16_gemm_kernel, sig, consts,
+                                        p8["num_warps"], p8["num_stages"],
+                                        weight_bytes_per_step=p8["BLOCK_N"] * p8["BLOCK_K"]),
+                p8, -(-K // p8["BLOCK_K"])))
+    return out
+
+
+def bytes_in_flight(plan: dict, N: int, M: int, trips: int, step_bytes: int, shared: int,
+                    regs: int, sms: int, arch: int) -> dict:
+    """Weight bytes in flight per SM under a launch plan (Little's law, lesson 10).
+
+    Each program keeps ``min(num_stages - 1, trips a slice)`` loop steps of weights loading
+    ahead (cp.async); an SM holds as many programs as the grid gives it and its shared
+    memory and registers allow. Averaged over all SMs (idle ones count as zero).
+    """
+    tiles = -(-N // plan["BLOCK_N"]) * -(-M // plan["BLOCK_M"])
+    programs = tiles * plan["SPLIT_K"]
+    threads = 32 * plan["num_warps"]
+    fit = min(SHARED_LIMIT.get(arch, 99 * 1024) // max(shared, 1),
+              65536 // max(regs * threads, 1), 32)
+    resident = min(programs, fit * sms)
+    ahead = min(plan["num_stages"] - 1, -(-trips // plan["SPLIT_K"]))
+    per_sm = resident * ahead * step_bytes / sms
+    return dict(programs=programs, resident_per_sm_max=fit, steps_ahead=ahead,
+                step_bytes=step_bytes, bytes_in_flight_per_sm=int(per_sm))
+
+
+def plan_report(arch: int = 90, sms: int = 132, log=print) -> list[dict]:
+    """Bytes of weights in flight per SM of the decode plans at the benchmark shapes (an
+    H200/H100 has 132 SMs; the target is >= 32 KB, about bandwidth x latency per SM)."""
+    records, cache = [], {}
+    for K, N in BENCH_SHAPES:
+        for M in (1, 16):
+            for name, job, plan, trips in plan_jobs(arch, M, K, N, sms):
+                key = (name, tuple(sorted(job.constexprs.items(), key=str)), job.num_warps,
+                       job.num_stages)
+                if key not in cache:
+                    k = compile_job(job, arch)
+                    cache[key] = (int(k.metadata.shared), resource_usage(k.asm["cubin"]).get("regs", 0))
+                shared, regs = cache[key]
+                rec = dict(arch=arch, sms=sms, name=name, M=M, K=K, N=N, plan=plan,
+                           shared_bytes=shared, regs=regs,
+                           **bytes_in_flight(plan, N, M, trips, job.weight_bytes_per_step,
+                                             shared, regs, sms, arch))
+                records.append(rec)
+                log(f"plan sm_{arch} {name:10s} M={M:2d} {K}x{N}: BLOCK_N={plan['BLOCK_N']} "
+                    f"split-K {plan['SPLIT_K']}, {rec['programs']} programs, "
+                    f"{rec['steps_ahead']} steps x {rec['step_bytes'] // 1024} KB ahead: "
+                    f"{rec['bytes_in_flight_per_sm'] / 1024:.0f} KB in flight per SM")
+    return records
 
 
 def main(argv=None) -> int:
@@ -294,13 +379,14 @@ def main(argv=None) -> int:
         print("SKIPPED: this triton build has no NVIDIA backend")
         return 0
     bad, records = check(args.arch, args.all_configs, args.report, args.only)
+    plans = plan_report(90) if args.report and 90 in args.arch else []
     if args.json:
         import triton
         with open(args.json, "w") as f:
             cmd = "python -m kernels.compile_check " + " ".join(argv if argv is not None else sys.argv[1:])
             json.dump({"command": cmd, "triton": triton.__version__,
                        "issue_budget_h100": round(issue_budget(), 2),
-                       "records": records}, f, indent=1)
+                       "records": records, "launch_plans": plans}, f, indent=1, default=str)
             f.write("\n")
     print(f"{bad} unexpected result(s)")
     return 1 if bad else 0

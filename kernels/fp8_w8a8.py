@@ -73,14 +73,18 @@ def quantize_rows_fp8_kernel(
 ):
     m = tl.program_id(0)                                     # one program per token
     amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    probe = tl.zeros((BLOCK_K,), dtype=tl.float32)          # NaN once any x is NaN
     for k0 in range(0, K, BLOCK_K):                          # pass 1: the row's max |x|
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + m * stride_xm + offs_k, mask=offs_k < K, other=0.0)
-        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))   # max skips NaN (GPU fmax)
+        probe += x.to(tl.float32)
     row_max = tl.max(amax, axis=0)
     # div_rn: IEEE round-to-nearest division, as the host's torch does; a plain "/" becomes
     # the GPU's approximate division (div.approx.f32), whose codes can differ by one step
     scale = tl.where(row_max > 0, tl.div_rn(row_max, 448.0), 1.0)
+    nan_sum = tl.sum(probe, axis=0)
+    scale = tl.where(nan_sum == nan_sum, scale, nan_sum)    # a NaN row: NaN out, not finite
     tl.store(xs_ptr + m, scale)
     for k0 in range(0, K, BLOCK_K):                          # pass 2: scale, clamp, cast
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -141,6 +145,64 @@ def fp8_gemm_kernel(
     acc = acc * a_s[:, None] * b_s[None, :]
     tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
              acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def fp8_fused_kernel(
+    x_ptr,        # activations, (M, K) fp16/bf16/fp32, M <= BLOCK_M: quantized in here
+    b_ptr,        # quantized weights, (N, K) float8 e4m3
+    bs_ptr,       # per-channel scales, (N,) fp32
+    y_ptr,        # output, (M, N) in x's dtype
+    M, N, K,      # problem size
+    stride_xm,    # elements between rows of x
+    stride_bn,    # elements between rows of b
+    stride_ym,    # elements between rows of y
+    BLOCK_M: tl.constexpr,   # rows of x: one tile holds the whole decode batch (16)
+    BLOCK_N: tl.constexpr,   # rows of b per program
+    BLOCK_K: tl.constexpr,   # K per loop step
+    ROUND_FIRST: tl.constexpr,  # interpreter only: round to the E4M3 grid in fp32 first
+):
+    """Decode (M <= 16): the per-token FP8 quantization in the GEMM's prologue, one launch;
+    the same codes as ``quantize_rows_fp8_kernel`` (lesson 09)."""
+    pid_n = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)                           # (BLOCK_M,) every token
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # (BLOCK_N,)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    amax = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)   # prologue: max |x| per token
+    probe = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)  # NaN once any x is NaN
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+        probe += x
+    row_max = tl.max(amax, axis=1)                           # (BLOCK_M,)
+    scale = tl.where(row_max > 0, tl.div_rn(row_max, 448.0), 1.0)
+    nan_sum = tl.sum(probe, axis=1)
+    scale = tl.where(nan_sum == nan_sum, scale, nan_sum)    # (BLOCK_M,) NaN rows stay NaN
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)   # (BLOCK_M, BLOCK_N)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=m_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+        q = tl.minimum(tl.maximum(tl.div_rn(x, scale[:, None]), -448.0), 448.0)
+        if ROUND_FIRST:
+            q = _round_to_e4m3_grid(q)
+        b = tl.load(b_ptr + offs_n[:, None] * stride_bn + offs_k[None, :],
+                    mask=n_mask[:, None] & k_mask[None, :], other=0.0,
+                    eviction_policy="evict_first")           # (BLOCK_N, BLOCK_K) fp8
+        acc = tl.dot(q.to(tl.float8e4nv), tl.trans(b), acc)  # FP8 x FP8 -> fp32
+    b_s = tl.load(bs_ptr + offs_n, mask=n_mask, other=0.0)  # (BLOCK_N,)
+    acc = acc * scale[:, None] * b_s[None, :]
+    tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
+             acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+FUSED_MAX_M = 16                 # decode batches: quantization fused into the GEMM
+_FUSED_DEFAULT = triton.Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4,
+                               num_stages=3)
 
 
 _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
@@ -231,18 +293,39 @@ def fp8_gemm(xq: torch.Tensor, xs: torch.Tensor, w_q: torch.Tensor, w_scale: tor
 
 
 def fp8_w8a8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, *,
-                    fast_accum: bool = True) -> torch.Tensor:
+                    fast_accum: bool = True, fused: bool | None = None) -> torch.Tensor:
     """The whole FP8 W8A8 layer: quantize x per token on the fly, then the FP8 GEMM (lesson 09).
 
     x: (..., K) fp16/bf16/fp32; w_q: (N, K) float8_e4m3fn; w_scale: (N,). Returns (..., N)
-    in x's dtype. Refuses (RuntimeError) on a GPU below compute capability 8.9.
+    in x's dtype. Up to ``FUSED_MAX_M`` tokens the quantization runs in the GEMM's prologue
+    (one launch, ``fp8_fused_kernel``); ``fused=False`` forces the two kernels. Refuses
+    (RuntimeError) on a GPU below compute capability 8.9.
     """
     require_fp8()
-    _check_weights(w_q, w_scale)
-    check_activations(x, w_q.shape[1])
-    xq, xs = quantize_rows_fp8(x)                                       # (M, K), (M,)
-    y = fp8_gemm(xq, xs, w_q, w_scale, out_dtype=x.dtype, fast_accum=fast_accum)   # (M, N)
-    return y.reshape(*x.shape[:-1], w_q.shape[0])
+    ws = _check_weights(w_q, w_scale)
+    N, K = w_q.shape
+    x2 = check_activations(x, K)                                        # (M, K)
+    M = x2.shape[0]
+    if fused is None:
+        fused = 0 < M <= FUSED_MAX_M
+    if fused and M > FUSED_MAX_M:
+        raise ValueError(f"fused=True takes at most {FUSED_MAX_M} tokens (got {M}): the "
+                         f"fused kernel holds the whole batch in one tile")
+    if not fused:
+        xq, xs = quantize_rows_fp8(x2)                                  # (M, K), (M,)
+        y = fp8_gemm(xq, xs, w_q, w_scale, out_dtype=x.dtype, fast_accum=fast_accum)
+        return y.reshape(*x.shape[:-1], N)
+    w_q = w_q.contiguous()
+    check_device(x2, w_q, ws)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)            # (M, N), written once
+    c = _FUSED_DEFAULT
+    meta = dict(c.kwargs) if on_gpu() else {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32}
+    if on_gpu():
+        meta.update(num_warps=c.num_warps, num_stages=c.num_stages)
+    fp8_fused_kernel[(triton.cdiv(N, meta["BLOCK_N"]),)](
+        x2, w_q, ws, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
+        ROUND_FIRST=INTERPRET, **meta)
+    return y.reshape(*x.shape[:-1], N)
 
 
 # ---------------------------------------------------------------------------- compile check
@@ -268,6 +351,12 @@ def compile_jobs(arch: int, all_configs: bool = False):
             dict(FAST_ACC=True), _GEMM_CONFIGS, _GEMM_DEFAULT, all_configs, min_cc=89,
             rows=lambda c: c["BLOCK_M"],
             weight_bytes_per_step=lambda c: c["BLOCK_N"] * c["BLOCK_K"])
+        jobs += config_jobs(   # no per-byte count: the loop finder would pick the prologue
+            "fp8_fused", fp8_fused_kernel,
+            dict(x_ptr=act, b_ptr="*fp8e4nv", bs_ptr="*fp32", y_ptr=act, M="i32", N="i32",
+                 K="i32", stride_xm="i32", stride_bn="i32", stride_ym="i32"),
+            dict(ROUND_FIRST=False), [_FUSED_DEFAULT], _FUSED_DEFAULT, False, min_cc=89,
+            rows=lambda c: c["BLOCK_M"])
     return jobs
 
 

@@ -4,7 +4,10 @@
 #      autotuning off for the shape sweep (COURSE_KERNELS_AUTOTUNE=0: one config per
 #      specialization) and every autotune configuration forced in turn
 #      (tests/test_kernels_configs.py). Every failing test is reported; none stops the run;
-#   2. the benchmark, which writes results/bench_cuda_<gpu>[_quick].json with every
+#   2. the measurements that separate issue 18's hypotheses (results/separate_<gpu>.json:
+#      W8A16 through the tensor-core kernel against the GEMV at batch 1, the W4 kernel alone
+#      against the first version's activation preparation alone, decode attention);
+#   3. the benchmark, which writes results/bench_cuda_<gpu>[_quick].json with every
 #      target's value and whether it was met. It saves the JSON after every timed row
 #      (marked "partial": true until the end), so a run cut short still leaves data, and it
 #      checks every backend's output once before timing it.
@@ -48,6 +51,8 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     echo "-- pytest is not installed for $PY: kernel tests skipped"
   fi
 fi
+echo "== separating measurements (W8A16 dot vs GEMV at M=1; W4 kernel vs activation prep; decode attention) =="
+"$PY" -m kernels.bench --separate || echo "!! the separating measurements failed (see above)"
 echo "== benchmark =="
 "$PY" -m kernels.bench "$@"
 bench_rc=$?
@@ -60,5 +65,5 @@ if [ -n "${NOTEBOOKS:-}" ]; then
     echo "-- nbval or ipywidgets missing for $PY: notebooks skipped"
   fi
 fi
-echo "Results are in results/: commit the new bench_cuda_*.json (tests rc $tests_rc, benchmark rc $bench_rc)."
+echo "Results are in results/: commit the new bench_cuda_*.json and separate_*.json (tests rc $tests_rc, benchmark rc $bench_rc)."
 exit $(( tests_rc != 0 || bench_rc != 0 ))

@@ -42,13 +42,37 @@ Pseudo-code of the GEMV kernel (one program = all M rows of x, BLOCK_N rows of W
         acc += (part - z * xp[:, 8, step words]) * s        # zero point and scale once per word
     y[:, n0:n0+BLOCK_N] (+)= sum of acc over words # one cross-thread sum, after the loop
 
-The GEMM kernel (batch > 8) reads the packed bytes, turns low and high nibbles into floats
-with the same bit trick, multiplies by the scale, and feeds them to ``tl.dot`` (in its
-accumulator form) with the even and odd columns of x (x in the weight tile's layout).
+The GEMM kernel (``kernel="gemm"``) reads the packed bytes, turns low and high nibbles
+into floats with the same bit trick, multiplies by the scale, and feeds them to ``tl.dot``
+(in its accumulator form) with the even and odd columns of x (x in the weight tile's layout).
+
+The GEMV and that GEMM are the first version, kept as the teaching steps (lesson 09): the
+GEMV relayouts x with 8-10 torch ops every call and has no software pipelining, the GEMM
+dequantizes in fp32. The default at every batch is ``w4a16_dot_kernel`` (issue 18):
+
+* **one launch per call**: x is read as it is, y written once in x's dtype; the weight is
+  permuted once, when it is made (``dequant16.prepack``: byte c of a group holds codes c
+  and G/2 + c, so the group's low nibbles meet x[:, :G/2] and its high nibbles x[:, G/2:]);
+* **tensor cores and a pipelined weight stream at batch 1..16**: ``tl.dot`` on a 16-row
+  tile (rows past M masked), 3 stages of cp.async loads in flight;
+* **16-bit dequantization** (``dequant16.dequant_pair``): PRMT + LOP3 + one packed FMA per
+  two weights, inline PTX on sm_80+; the group scale multiplies the dot's result, once per
+  group and output, not every weight;
+* **split-K** when the output tiles alone leave SMs idle (``dot_plan``): the slices meet in
+  a self-resetting fp32 workspace (``_common.store_or_reduce``), CUDA-graph safe.
+
+Pseudo-code of the dot kernel (one program = BLOCK_M tokens x BLOCK_N outputs x one K slice)::
+
+    acc[BLOCK_M, BLOCK_N] = 0
+    for each group g of this slice:
+        lo, hi = dequant_pair(load bytes[n-block, group g])   # (BLOCK_N, G/2) each: q, exact
+        part = dot(x[m-block, gG : gG + G/2], lo.T) + dot(x[m-block, gG + G/2 : (g+1)G], hi.T)
+        acc += part * scale[n-block, g]                       # (z - 8) * sum(x) off first if asymmetric
+    y[m-block, n-block] = acc  (or: add into the workspace; the last slice writes y)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -56,9 +80,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernels import INTERPRET
-from kernels._common import (GEMV_MAX_M, check_activations, check_device, choose,
-                             config_jobs, gemv_plan, pow2_at_least)
+from kernels import INTERPRET, dequant16
+from kernels._common import (GEMV_MAX_M, CompileJob, check_activations, check_device,
+                             choose, config_jobs, gemv_plan, num_sms, on_gpu, pow2_at_least,
+                             split_k_for, store_or_reduce, workspace)
 
 GROUP_SIZES = (32, 64, 128)
 # Globals a @triton.jit function reads must be tl.constexpr; ``.value`` is the plain number.
@@ -219,6 +244,83 @@ def w4a16_gemm_kernel(
              acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
+@triton.jit
+def w4a16_dot_kernel(
+    x_ptr,        # activations, (M, K) contiguous, in their own dtype (no relayout)
+    p_ptr,        # packed int4 weights in the kernel layout (dequant16.prepack), (N, K // 2) uint8
+    s_ptr,        # scales, (N, K // GROUP), any float dtype
+    z_ptr,        # zero points, (N, K // GROUP) int32 (ignored unless HAS_ZERO)
+    y_ptr,        # output, (M, N), x's dtype: written once, by one program per tile
+    ws_ptr,       # split-K workspace, (M, N) fp32, all zero between calls (SPLIT_K > 1)
+    cnt_ptr,      # split-K arrival counters, one int32 per output tile, zero between calls
+    M, N, K,      # problem size
+    stride_xm,    # elements between rows of x
+    stride_pn,    # bytes between rows of packed
+    stride_sn,    # elements between rows of scale (and of zero)
+    stride_ym,    # elements between rows of y (and of the workspace)
+    GROUP: tl.constexpr,     # weights per scale along K (32, 64 or 128)
+    GROUPS_PER_STEP: tl.constexpr,   # groups one loop trip reads (bytes in flight per stage)
+    BLOCK_M: tl.constexpr,   # rows of x per program (16: the smallest tensor-core tile)
+    BLOCK_N: tl.constexpr,   # rows of W per program
+    SPLIT_K: tl.constexpr,   # programs sharing one output tile along K
+    HAS_ZERO: tl.constexpr,  # asymmetric codes 0..15 with zero points
+    W_DTYPE: tl.constexpr,   # tl.float16 or tl.bfloat16: the dequantized weights' dtype
+    USE_ASM: tl.constexpr,   # dequantize with inline PTX (sm_80+) or the pure-Triton path
+    DOT_FP32: tl.constexpr,  # tl.dot in fp32 (interpreter: its bf16 dot is broken; fp32 x)
+):
+    pid_n = tl.program_id(0)          # which block of outputs
+    pid_m = tl.program_id(1)          # which block of tokens
+    pid_k = tl.program_id(2)          # which slice of K
+    HALF: tl.constexpr = GROUP // 2                          # bytes per group and row
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)        # (BLOCK_M,)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # (BLOCK_N,)
+    offs_c = tl.arange(0, HALF)                              # (HALF,) byte in a group
+    # byte c of a group holds code c (low nibble) and HALF + c (high): dequant16.prepack
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    n_groups = K // GROUP
+    g_per_split = tl.cdiv(tl.cdiv(n_groups, SPLIT_K), GROUPS_PER_STEP) * GROUPS_PER_STEP
+    g_begin = pid_k * g_per_split
+    g_end = tl.minimum(g_begin + g_per_split, n_groups)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)   # (BLOCK_M, BLOCK_N)
+    for g0 in range(g_begin, g_end, GROUPS_PER_STEP):
+        for i in tl.static_range(GROUPS_PER_STEP):
+            g = g0 + i
+            if GROUPS_PER_STEP == 1:                         # the loop bound keeps g < g_end
+                live = offs_c < HALF                         # (HALF,) all true: folded away
+                live_n = n_mask
+            else:                                            # the last step may be short
+                live = (g + offs_c * 0) < g_end              # (HALF,)
+                live_n = n_mask & ((g + offs_n * 0) < g_end)     # (BLOCK_N,)
+            p = tl.load(p_ptr + offs_n[:, None] * stride_pn + g * HALF + offs_c[None, :],
+                        mask=n_mask[:, None] & live[None, :], other=0,
+                        eviction_policy="evict_first")       # (BLOCK_N, HALF) uint8
+            lo, hi = dequant16.dequant_pair(p, W_DTYPE, USE_ASM)   # (BLOCK_N, HALF) u - 8
+            x_ptrs = x_ptr + offs_m[:, None] * stride_xm + g * GROUP + offs_c[None, :]
+            x_mask = m_mask[:, None] & live[None, :]
+            x_lo = tl.load(x_ptrs, mask=x_mask, other=0.0)           # (BLOCK_M, HALF)
+            x_hi = tl.load(x_ptrs + HALF, mask=x_mask, other=0.0)    # (BLOCK_M, HALF)
+            if DOT_FP32:
+                part = tl.dot(x_lo.to(tl.float32), tl.trans(lo.to(tl.float32)),  # fresh product
+                              input_precision="ieee")
+                part = tl.dot(x_hi.to(tl.float32), tl.trans(hi.to(tl.float32)), part,
+                              input_precision="ieee")
+            else:
+                part = tl.dot(x_lo.to(W_DTYPE), tl.trans(lo))  # fresh product: one group
+                part = tl.dot(x_hi.to(W_DTYPE), tl.trans(hi), part)
+            s = tl.load(s_ptr + offs_n * stride_sn + g, mask=live_n,
+                        other=0.0).to(tl.float32)            # (BLOCK_N,)
+            if HAS_ZERO:
+                # sum x * (u - z) = sum x * (u - 8) - (z - 8) * sum x: once per group
+                z = tl.load(z_ptr + offs_n * stride_sn + g, mask=live_n, other=8)   # (BLOCK_N,)
+                # 0..15 to float without an int-to-float conversion: the 2**23 bit trick
+                z = (z | MAGIC).to(tl.float32, bitcast=True) - (TWO_23 + 8.0)
+                x_sum = tl.sum(x_lo.to(tl.float32), axis=1) + tl.sum(x_hi.to(tl.float32), axis=1)
+                part -= x_sum[:, None] * z[None, :]
+            acc += part * s[None, :]                         # the group scale, once per group
+    store_or_reduce(acc, y_ptr, ws_ptr, cnt_ptr, offs_m, offs_n, M, N, stride_ym, SPLIT_K)
+
+
 # BLOCK_K: weights per GEMV step (2 or more groups of 64 or 32 per step, 1-2 of 128).
 _GEMV_CONFIGS = [triton.Config({"BLOCK_K": bk}, num_warps=w, num_stages=s)
                  for bk, w, s in [(128, 4, 4), (128, 4, 3), (256, 4, 3), (256, 8, 3),
@@ -228,6 +330,19 @@ _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_
                                       (32, 64, 4, 4), (64, 64, 4, 4),
                                       (64, 128, 4, 4), (128, 128, 8, 3), (128, 256, 8, 3)]]
 _GEMV_DEFAULT = triton.Config({"BLOCK_K": 256}, num_warps=4, num_stages=3)
+# the tensor-core kernel at decode sizes (the default plan on a GPU is dot_plan's)
+# (BLOCK_N 256, one group a step, 4 warps, 3 stages: the fewest SASS instructions per
+# weight byte of those compile_check tried on sm_90: 5.6 bf16, 5.1 fp16; 64 x 2 groups: 8.5)
+_DOT_CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": bn, "GROUPS_PER_STEP": gps},
+                              num_warps=w, num_stages=st)
+                for bn, gps, w, st in [(256, 1, 4, 3), (128, 1, 4, 4), (128, 1, 2, 4),
+                                       (64, 2, 4, 4), (32, 2, 4, 4)]]
+_DOT_DEFAULT = _DOT_CONFIGS[0]
+
+
+def _dot_step_bytes(c) -> int:
+    """Weight bytes one trip of w4a16_dot_kernel's loop reads (all its groups)."""
+    return c["BLOCK_N"] * c["GROUP"] // 2 * c["GROUPS_PER_STEP"]
 _GEMM_DEFAULT = triton.Config({"BLOCK_M": 16, "BLOCK_N": 64}, num_warps=4, num_stages=4)
 # Split-K programs add into y: autotuning must leave it zero for the real call
 # (reset before each trial, restored after: safe across Triton versions).
@@ -289,6 +404,15 @@ class W4A16Weight:
     scale: torch.Tensor
     zero: torch.Tensor | None
     group_size: int
+    _kernel_packed: torch.Tensor | None = field(default=None, repr=False, compare=False)
+
+    def kernel_layout(self) -> torch.Tensor:
+        """The codes in ``w4a16_dot_kernel``'s layout (``dequant16.prepack``), made on the
+        first call and kept: the checkpoint layout ``packed`` stays as it is."""
+        if self._kernel_packed is None or self._kernel_packed.device != self.packed.device:
+            self._kernel_packed = dequant16.prepack(self.packed.contiguous(),
+                                                    self.zero is None, self.group_size)
+        return self._kernel_packed
 
     @property
     def N(self) -> int:
@@ -347,30 +471,83 @@ def _check_weight(wt: W4A16Weight) -> None:
 
 # ---------------------------------------------------------------------------- wrapper
 
+KERNELS = ("dot", "gemv", "gemm")   # w4a16_linear(kernel=...): the default, two teaching steps
+
+
+def dot_plan(M: int, N: int, K: int, group: int, sms: int | None = None) -> dict:
+    """Launch plan of ``w4a16_dot_kernel`` on a GPU: block sizes, K split, warps, stages.
+
+    Decode (M <= 16) streams the weights once: each program keeps ``num_stages - 1`` steps
+    of ``BLOCK_N x GROUPS_PER_STEP x GROUP / 2`` bytes in flight (cp.async), and the grid
+    needs about two programs per SM so that every SM holds enough bytes in flight (Little's
+    law: bandwidth x latency, about 36 KB per SM on an H200). When the output tiles alone
+    are too few, K is split (the slices meet in a self-resetting fp32 workspace). Larger
+    batches take wider M tiles and no split. ``kernels.compile_check`` reports the bytes in
+    flight per SM of this plan at the benchmark shapes.
+    """
+    sms = sms or num_sms()
+    if M > 16:
+        return dict(BLOCK_M=64 if M >= 64 else 32, BLOCK_N=64, GROUPS_PER_STEP=max(1, 128 // group),
+                    SPLIT_K=1, num_warps=4, num_stages=3)
+    plan = {**_DOT_DEFAULT.kwargs, "num_warps": _DOT_DEFAULT.num_warps,
+            "num_stages": _DOT_DEFAULT.num_stages}
+    steps = (K // group) // plan["GROUPS_PER_STEP"]  # loop trips without a split
+    return {**plan, "SPLIT_K": split_k_for(triton.cdiv(N, plan["BLOCK_N"]), steps, sms)}
+
+
+def _which_kernel(kernel, force_gemm, config) -> str:
+    if kernel is not None:
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel={kernel!r}: choose one of {KERNELS}")
+        return kernel
+    if force_gemm:
+        return "gemm"
+    if config is not None:                           # a config of one of the three lists
+        if "GROUPS_PER_STEP" in config.kwargs:
+            return "dot"
+        return "gemv" if "BLOCK_K" in config.kwargs else "gemm"
+    return "dot"
+
+
+def use_asm(x_dtype: torch.dtype) -> bool:
+    """True where ``dequant16.dequant_pair`` runs its inline PTX: a GPU of compute
+    capability 8.0+ (bf16x2 and PRMT/LOP3 there) and 16-bit activations."""
+    if not on_gpu() or x_dtype == torch.float32:
+        return False
+    return torch.cuda.get_device_capability(0) >= (8, 0)
+
+
 def w4a16_linear(x: torch.Tensor, wt: W4A16Weight, *, block_n: int | None = None,
                  split_k: int | None = None, force_gemm: bool = False,
-                 block_k: int | None = None, config=None) -> torch.Tensor:
-    """y = x @ dequantize(wt).T with the Triton kernels (lesson 09).
+                 block_k: int | None = None, config=None, kernel: str | None = None,
+                 asm: bool | None = None) -> torch.Tensor:
+    """y = x @ dequantize(wt).T with the Triton kernels (lessons 09 and 10).
 
-    x: (..., K) fp16/bf16/fp32. Returns (..., N) in x's dtype. ``block_n``/``split_k``
-    override the GEMV launch plan; ``block_k`` (weights per GEMV step, a multiple of the
-    group size) chooses the GEMV variant in the interpreter, where a GPU autotunes it;
-    ``force_gemm`` takes the tl.dot kernel at any batch; ``config`` forces one configuration
-    of ``_GEMV_CONFIGS``/``_GEMM_CONFIGS`` (tests use these to reach every path).
+    x: (..., K) fp16/bf16/fp32. Returns (..., N) in x's dtype. ``kernel`` picks the kernel
+    by name: "dot" (the default at every batch: one launch, tensor cores, pipelined weight
+    stream, 16-bit dequantization), "gemv" (the CUDA-core GEMV, batch <= 8: the teaching
+    step of lesson 09) or "gemm" (the first tl.dot kernel, dequantizing in fp32; also
+    ``force_gemm=True``). ``block_n``/``split_k`` override the launch plan; ``block_k``
+    is the weights per loop step (a multiple of the group size); ``config`` forces one
+    configuration of ``_DOT_CONFIGS``/``_GEMV_CONFIGS``/``_GEMM_CONFIGS``; ``asm``
+    forces the inline-assembly dequantization on or off (GPU only).
     """
     _check_weight(wt)
     N, K, G = wt.N, wt.K, wt.group_size
     x2 = check_activations(x, K)                                       # (M, K)
-    words = wt.packed.contiguous().view(torch.int32)                   # (N, K/8): 8 codes a word
     scale = wt.scale.contiguous()
     zero = wt.zero.contiguous() if wt.zero is not None else scale      # placeholder pointer
-    check_device(x2, words, scale, zero)
+    check_device(x2, wt.packed, scale, zero)
     M = x2.shape[0]
     out_shape = (*x.shape[:-1], N)
     if M == 0:
         return torch.empty(out_shape, dtype=x.dtype, device=x.device)
     has_zero = wt.zero is not None
-    if M <= GEMV_MAX_M and not force_gemm:
+    which = _which_kernel(kernel, force_gemm, config)
+    if which == "dot":
+        return _dot(x2, wt, scale, zero, block_n, split_k, block_k, config, asm).reshape(out_shape)
+    if which == "gemv" and M <= GEMV_MAX_M:
+        words = wt.packed.contiguous().view(torch.int32)               # (N, K/8): 8 codes a word
         bn, sk = gemv_plan(M, N, K, k_unit=G)
         bn, sk = block_n or bn, split_k or sk
         bk = block_k or max(G, 64)
@@ -380,24 +557,65 @@ def w4a16_linear(x: torch.Tensor, wt: W4A16Weight, *, block_n: int | None = None
         y = (torch.zeros((M, N), dtype=torch.float32, device=x.device) if sk > 1
              else torch.empty((M, N), dtype=x.dtype, device=x.device))        # (M, N)
         grid = (triton.cdiv(N, bn), sk)          # one program per block of outputs (x K split)
-        kernel, meta = choose(_gemv, w4a16_gemv_kernel, _GEMV_DEFAULT, {"BLOCK_K": bk}, config)
+        kern, meta = choose(_gemv, w4a16_gemv_kernel, _GEMV_DEFAULT, {"BLOCK_K": bk}, config)
         xp = gemv_activations(x2)                                       # (M, 9, K/8) fp32
         # MAGIC goes in as a run-time argument: as a compile-time constant, the GPU compiler
         # re-creates it in a register before every use (a LOP3 instruction holds only one
         # constant), about 1.5 instructions per weight byte more (kernels.compile_check)
-        kernel[grid](xp, words, scale, zero, y, M, N, K, xp.stride(0), words.stride(0),
-                     scale.stride(0), y.stride(0), MAGIC.value, GROUP=G, BLOCK_M=pow2_at_least(M, 1, GEMV_MAX_M),
-                     BLOCK_N=bn, SPLIT_K=sk, HAS_ZERO=has_zero, **meta)
+        kern[grid](xp, words, scale, zero, y, M, N, K, xp.stride(0), words.stride(0),
+                   scale.stride(0), y.stride(0), MAGIC.value, GROUP=G,
+                   BLOCK_M=pow2_at_least(M, 1, GEMV_MAX_M),
+                   BLOCK_N=bn, SPLIT_K=sk, HAS_ZERO=has_zero, **meta)
         return y.to(x.dtype).reshape(out_shape)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)                   # (M, N)
     interp = {"BLOCK_M": pow2_at_least(M, 16, 32), "BLOCK_N": block_n or 32}
-    kernel, meta = choose(_gemm, w4a16_gemm_kernel, _GEMM_DEFAULT, interp, config)
+    kern, meta = choose(_gemm, w4a16_gemm_kernel, _GEMM_DEFAULT, interp, config)
     grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]), triton.cdiv(N, m["BLOCK_N"]))  # noqa: E731
     packed = wt.packed.contiguous()                                     # (N, K/2) uint8
-    kernel[grid](x2, packed, scale, zero, y, M, N, K, x2.stride(0), packed.stride(0),
-                 scale.stride(0), y.stride(0), GROUP=G, HAS_ZERO=has_zero,
-                 DOT_FP32=INTERPRET or x.dtype == torch.float32, **meta)
+    kern[grid](x2, packed, scale, zero, y, M, N, K, x2.stride(0), packed.stride(0),
+               scale.stride(0), y.stride(0), GROUP=G, HAS_ZERO=has_zero,
+               DOT_FP32=INTERPRET or x.dtype == torch.float32, **meta)
     return y.reshape(out_shape)
+
+
+def _dot(x2, wt, scale, zero, block_n, split_k, block_k, config, asm) -> torch.Tensor:
+    """One launch of ``w4a16_dot_kernel``: y (M, N) in x's dtype, nothing else computed."""
+    M, K = x2.shape
+    N, G = wt.N, wt.group_size
+    packed = wt.kernel_layout()                                         # (N, K/2), made once
+    if on_gpu():
+        plan = dot_plan(M, N, K, G)
+    else:                                     # the interpreter: small tiles, speed is moot
+        plan = dict(BLOCK_M=16, BLOCK_N=16 if N <= 16 else 32, GROUPS_PER_STEP=1, SPLIT_K=1)
+    if config is not None:
+        plan.update(config.kwargs)
+        if on_gpu():
+            plan.update(num_warps=config.num_warps, num_stages=config.num_stages)
+    if block_n:
+        if block_n < 16 or block_n & (block_n - 1):
+            raise ValueError(f"block_n={block_n} is too narrow for tl.dot: use a power of two "
+                             f">= 16 (or kernel='gemv')")
+        plan["BLOCK_N"] = block_n
+    if split_k:
+        plan["SPLIT_K"] = split_k
+    if block_k:
+        if block_k % G:
+            raise ValueError(f"block_k={block_k} must be a multiple of the group size {G}")
+        plan["GROUPS_PER_STEP"] = block_k // G
+    if asm and not use_asm(x2.dtype):
+        raise ValueError("asm=True needs a GPU of compute capability 8.0+ and fp16/bf16 x; "
+                         "the interpreter cannot run inline assembly")
+    use = use_asm(x2.dtype) if asm is None else asm
+    bm, bn, sk = plan["BLOCK_M"], plan["BLOCK_N"], plan["SPLIT_K"]
+    grid = (triton.cdiv(N, bn), triton.cdiv(M, bm), sk)
+    y = torch.empty((M, N), dtype=x2.dtype, device=x2.device)           # (M, N), written once
+    ws, cnt = workspace(M, N, grid[0] * grid[1], x2.device) if sk > 1 else (y, y)
+    w_dtype = tl.bfloat16 if x2.dtype == torch.bfloat16 else tl.float16
+    w4a16_dot_kernel[grid](x2, packed, scale, zero, y, ws, cnt, M, N, K, x2.stride(0),
+                           packed.stride(0), scale.stride(0), y.stride(0), GROUP=G,
+                           HAS_ZERO=wt.zero is not None, W_DTYPE=w_dtype, USE_ASM=use,
+                           DOT_FP32=INTERPRET or x2.dtype == torch.float32, **plan)
+    return y
 
 
 # ---------------------------------------------------------------------------- compile check
@@ -427,6 +645,28 @@ def compile_jobs(arch: int, all_configs: bool = False):
                                     dict(sig, y_ptr="*fp32"), consts, _GEMV_CONFIGS,
                                     _GEMV_DEFAULT, all_configs, rows=1,
                                     weight_bytes_per_step=wbytes)
+                dot_sig = dict(x_ptr=act, p_ptr="*u8", s_ptr="*fp16",
+                               z_ptr="*i32" if has_zero else "*fp16", y_ptr=act, ws_ptr="*fp32",
+                               cnt_ptr="*i32", M="i32", N="i32", K="i32", stride_xm="i32",
+                               stride_pn="i32", stride_sn="i32", stride_ym="i32")
+                w_dtype = tl.bfloat16 if act == "*bf16" else tl.float16
+                for split in (1, 4):
+                    consts = dict(GROUP=group, HAS_ZERO=has_zero, SPLIT_K=split, W_DTYPE=w_dtype,
+                                  USE_ASM=arch >= 80 and act != "*fp32", DOT_FP32=act == "*fp32")
+                    jobs += config_jobs("w4a16_dot" + (" split-K" if split > 1 else ""),
+                                        w4a16_dot_kernel, dot_sig, consts, _DOT_CONFIGS,
+                                        _DOT_DEFAULT, all_configs, rows=lambda c: c["BLOCK_M"],
+                                        weight_bytes_per_step=_dot_step_bytes)
+                if not all_configs:              # the plan's tile for batches above 16
+                    p = dot_plan(64, 4096, 4096, group, sms=132)
+                    jobs.append(CompileJob(
+                        "w4a16_prefill", w4a16_dot_kernel, dot_sig,
+                        dict(GROUP=group, HAS_ZERO=has_zero, SPLIT_K=1, W_DTYPE=w_dtype,
+                             USE_ASM=arch >= 80 and act != "*fp32", DOT_FP32=act == "*fp32",
+                             BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"],
+                             GROUPS_PER_STEP=p["GROUPS_PER_STEP"]),
+                        p["num_warps"], p["num_stages"], rows=p["BLOCK_M"], default=True,
+                        weight_bytes_per_step=p["BLOCK_N"] * group // 2 * p["GROUPS_PER_STEP"]))
                 gemm_sig = {k: v for k, v in sig.items() if k != "magic"}
                 jobs += config_jobs("w4a16_gemm", w4a16_gemm_kernel, dict(gemm_sig, x_ptr=act, p_ptr="*u8"),
                                     dict(GROUP=group, HAS_ZERO=has_zero, DOT_FP32=act == "*fp32"),

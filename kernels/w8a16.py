@@ -40,7 +40,8 @@ import triton.language as tl
 
 from kernels import INTERPRET
 from kernels._common import (GEMV_MAX_M, check_activations, check_device, choose,
-                             config_jobs, gemv_plan, pow2_at_least)
+                             config_jobs, gemv_plan, num_sms, on_gpu, pow2_at_least,
+                             split_k_for, store_or_reduce, workspace)
 
 
 # ---------------------------------------------------------------------------- kernels
@@ -100,26 +101,32 @@ def w8a16_gemm_kernel(
     x_ptr,        # activations, (M, K) contiguous
     w_ptr,        # int8 weights, (N, K) contiguous
     s_ptr,        # per-output-channel scales, (N,)
-    y_ptr,        # output, (M, N)
+    y_ptr,        # output, (M, N), x's dtype: written once
+    ws_ptr,       # split-K workspace, (M, N) fp32, zero between calls (SPLIT_K > 1)
+    cnt_ptr,      # split-K arrival counters, one int32 per output tile, zero between calls
     M, N, K,      # problem size
     stride_xm,    # elements between rows of x
     stride_wn,    # elements between rows of W
-    stride_ym,    # elements between rows of y
-    BLOCK_M: tl.constexpr,   # rows of x per program
+    stride_ym,    # elements between rows of y (and of the workspace)
+    BLOCK_M: tl.constexpr,   # rows of x per program (16 at decode: masked rows)
     BLOCK_N: tl.constexpr,   # rows of W per program
     BLOCK_K: tl.constexpr,   # K per loop step
     DOT_FP32: tl.constexpr,  # True: tl.dot in fp32 (interpreter: its bf16 dot is broken)
+    SPLIT_K: tl.constexpr,   # programs sharing one output tile along K (1: no split)
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)        # (BLOCK_M,)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # (BLOCK_N,)
     m_mask = offs_m < M
     n_mask = offs_n < N
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_end = tl.minimum((pid_k + 1) * k_per_split, K)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)   # (BLOCK_M, BLOCK_N)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(pid_k * k_per_split, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)                  # (BLOCK_K,)
-        k_mask = offs_k < K
+        k_mask = offs_k < k_end
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # (BLOCK_M, BLOCK_K)
         w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :],
@@ -134,8 +141,7 @@ def w8a16_gemm_kernel(
             acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc)
     scale = tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)   # (BLOCK_N,)
     acc = acc * scale[None, :]
-    tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
-             acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    store_or_reduce(acc, y_ptr, ws_ptr, cnt_ptr, offs_m, offs_n, M, N, stride_ym, SPLIT_K)
 
 
 # On a GPU, a small list of configurations is tried once per shape (autotuning); the
@@ -150,6 +156,11 @@ _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, nu
                                           (128, 256, 64, 8, 3)]]
 _GEMV_DEFAULT = triton.Config({"BLOCK_K": 128}, num_warps=4, num_stages=3)  # autotune off
 _GEMM_DEFAULT = triton.Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4, num_stages=4)
+# batch <= 16 on a GPU (sm_80+): 16-row tiles, wide N and K steps: 3.4 SASS instructions per
+# weight byte on sm_90 against 4.5 for the 64 x 128 GEMM default (kernels.compile_check); 80
+# KB of shared memory, so sm_75 (64 KB) keeps the GEMM default
+_DECODE_DEFAULT = triton.Config({"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 256}, num_warps=4,
+                                num_stages=3)
 # Split-K programs add into y: autotuning must leave it zero for the real call
 # (reset before each trial, restored after: safe across Triton versions).
 if INTERPRET:
@@ -158,6 +169,17 @@ else:
     _gemv = triton.autotune(_GEMV_CONFIGS, key=["M", "N", "K", "BLOCK_M", "BLOCK_N", "SPLIT_K"],
                             reset_to_zero=["y_ptr"], restore_value=["y_ptr"])(w8a16_gemv_kernel)
     _gemm = triton.autotune(_GEMM_CONFIGS, key=["M", "N", "K"])(w8a16_gemm_kernel)
+
+
+def dot_plan(M: int, N: int, K: int, sms: int | None = None) -> dict:
+    """Launch plan of ``w8a16_gemm_kernel`` at decode sizes (M <= 16) on a GPU: 16-row
+    tiles, 4 pipeline stages, and K split until the grid has about two programs per SM
+    (``kernels.compile_check`` reports the bytes in flight per SM this gives)."""
+    sm80 = not on_gpu() or torch.cuda.get_device_capability(0) >= (8, 0)
+    c = _DECODE_DEFAULT if sm80 else _GEMM_DEFAULT
+    steps = triton.cdiv(K, c.kwargs["BLOCK_K"])
+    split = split_k_for(triton.cdiv(N, c.kwargs["BLOCK_N"]), steps, sms or num_sms())
+    return {**c.kwargs, "SPLIT_K": split, "num_warps": c.num_warps, "num_stages": c.num_stages}
 
 
 # ---------------------------------------------------------------------------- wrapper
@@ -175,15 +197,22 @@ def _check_weights(w_q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return scale.reshape(N).contiguous()
 
 
+KERNELS = ("dot", "gemv")   # w8a16_linear(kernel=...): the default and the teaching step
+
+
 def w8a16_linear(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor, *,
                  block_n: int | None = None, split_k: int | None = None,
-                 force_gemm: bool = False, config=None) -> torch.Tensor:
-    """y = x @ (w_q * scale[:, None]).T with the Triton kernels (lesson 09).
+                 force_gemm: bool = False, config=None, kernel: str | None = None) -> torch.Tensor:
+    """y = x @ (w_q * scale[:, None]).T with the Triton kernels (lessons 09 and 10).
 
     x: (..., K) fp16/bf16/fp32; w_q: (N, K) int8; scale: (N,) or (N, 1). Returns (..., N)
-    in x's dtype. ``block_n``/``split_k`` override the GEMV launch plan and ``force_gemm``
-    takes the tl.dot kernel even for a small batch; ``config`` forces one configuration of
-    ``_GEMV_CONFIGS``/``_GEMM_CONFIGS`` (tests use these to reach every path).
+    in x's dtype. ``kernel`` picks the kernel by name: "dot" (the default at every batch:
+    one launch, the tl.dot kernel with 16-row tiles, so tensor cores and a pipelined weight
+    stream even at batch 1) or "gemv" (the CUDA-core GEMV of lesson 09, batch <= 8: the
+    teaching step). ``block_n``/``split_k`` override the GEMV launch plan (``block_n``
+    also the dot kernel's); ``force_gemm`` is the old name of kernel="dot"; ``config``
+    forces one configuration of ``_GEMV_CONFIGS``/``_GEMM_CONFIGS`` (tests reach every
+    path with these).
     """
     scale = _check_weights(w_q, scale)
     N, K = w_q.shape
@@ -194,22 +223,43 @@ def w8a16_linear(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor, *,
     out_shape = (*x.shape[:-1], N)
     if M == 0:
         return torch.empty(out_shape, dtype=x.dtype, device=x.device)
-    if M <= GEMV_MAX_M and not force_gemm:
+    if kernel is not None and kernel not in KERNELS:
+        raise ValueError(f"kernel={kernel!r}: choose one of {KERNELS}")
+    if kernel is None:
+        gemv_config = config is not None and "BLOCK_M" not in config.kwargs
+        kernel = "gemv" if gemv_config and not force_gemm else "dot"
+    if kernel == "gemv" and M <= GEMV_MAX_M:
         bn, sk = gemv_plan(M, N, K, k_unit=128)
         bn, sk = block_n or bn, split_k or sk
         y = (torch.zeros((M, N), dtype=torch.float32, device=x.device) if sk > 1
              else torch.empty((M, N), dtype=x.dtype, device=x.device))        # (M, N)
         grid = (triton.cdiv(N, bn), sk)          # one program per block of outputs (x K split)
-        kernel, meta = choose(_gemv, w8a16_gemv_kernel, _GEMV_DEFAULT, {"BLOCK_K": 32}, config)
-        kernel[grid](x2, w_q, scale, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
-                     BLOCK_M=pow2_at_least(M, 1, GEMV_MAX_M), BLOCK_N=bn, SPLIT_K=sk, **meta)
+        kern, meta = choose(_gemv, w8a16_gemv_kernel, _GEMV_DEFAULT, {"BLOCK_K": 32}, config)
+        kern[grid](x2, w_q, scale, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
+                   BLOCK_M=pow2_at_least(M, 1, GEMV_MAX_M), BLOCK_N=bn, SPLIT_K=sk, **meta)
         return y.to(x.dtype).reshape(out_shape)
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)                   # (M, N)
+    if block_n is not None and (block_n < 16 or block_n & (block_n - 1)):
+        raise ValueError(f"block_n={block_n} is too narrow for tl.dot: use a power of two "
+                         f">= 16 (or kernel='gemv')")
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)                   # (M, N), once
     interp = {"BLOCK_M": pow2_at_least(M, 16, 32), "BLOCK_N": block_n or 32, "BLOCK_K": 32}
-    kernel, meta = choose(_gemm, w8a16_gemm_kernel, _GEMM_DEFAULT, interp, config)
-    grid = lambda m: (triton.cdiv(M, m["BLOCK_M"]), triton.cdiv(N, m["BLOCK_N"]))  # noqa: E731
-    kernel[grid](x2, w_q, scale, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
-                 DOT_FP32=INTERPRET or x.dtype == torch.float32, **meta)
+    if on_gpu() and M <= 16 and config is None:      # decode: the plan, not the autotuner
+        kern, meta = w8a16_gemm_kernel, dot_plan(M, N, K)
+    else:
+        kern, meta = choose(_gemm, w8a16_gemm_kernel, _GEMM_DEFAULT, interp, config)
+        meta = {**meta, "SPLIT_K": 1}
+    if split_k:
+        meta["SPLIT_K"] = split_k
+    if block_n and "BLOCK_N" in meta:
+        meta["BLOCK_N"] = block_n
+    sk = meta["SPLIT_K"]
+    grid = lambda m: (triton.cdiv(N, m["BLOCK_N"]), triton.cdiv(M, m["BLOCK_M"]), sk)  # noqa: E731
+    if sk > 1:                                       # counters for the smallest tiles there are
+        ws, cnt = workspace(M, N, triton.cdiv(N, 16) * triton.cdiv(M, 16), x.device)
+    else:
+        ws, cnt = y, y
+    kern[grid](x2, w_q, scale, y, ws, cnt, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0),
+               DOT_FP32=INTERPRET or x.dtype == torch.float32, **meta)
     return y.reshape(out_shape)
 
 
@@ -229,7 +279,18 @@ def compile_jobs(arch: int, all_configs: bool = False):
                                     dict(sig, y_ptr="*fp32" if sk > 1 else act), consts,
                                     _GEMV_CONFIGS, _GEMV_DEFAULT, all_configs, rows=rows,
                                     weight_bytes_per_step=lambda c: c["BLOCK_N"] * c["BLOCK_K"])
-        jobs += config_jobs("w8a16_gemm", w8a16_gemm_kernel, sig, dict(DOT_FP32=act == "*fp32"),
+        gemm_sig = dict(x_ptr=act, w_ptr="*i8", s_ptr="*fp32", y_ptr=act, ws_ptr="*fp32",
+                        cnt_ptr="*i32", M="i32", N="i32", K="i32", stride_xm="i32",
+                        stride_wn="i32", stride_ym="i32")
+        if arch >= 80:                       # the decode plan's tile, alone and split along K
+            for split in (1, 4):
+                jobs += config_jobs("w8a16_dot" + (" split-K" if split > 1 else ""),
+                                    w8a16_gemm_kernel, gemm_sig,
+                                    dict(DOT_FP32=act == "*fp32", SPLIT_K=split),
+                                    [_DECODE_DEFAULT], _DECODE_DEFAULT, False,
+                                    rows=lambda c: c["BLOCK_M"],
+                                    weight_bytes_per_step=lambda c: c["BLOCK_N"] * c["BLOCK_K"])
+        jobs += config_jobs("w8a16_gemm", w8a16_gemm_kernel, gemm_sig, dict(DOT_FP32=act == "*fp32", SPLIT_K=1),
                             _GEMM_CONFIGS, _GEMM_DEFAULT, all_configs,
                             rows=lambda c: c["BLOCK_M"],
                             weight_bytes_per_step=lambda c: c["BLOCK_N"] * c["BLOCK_K"])

@@ -17,7 +17,7 @@ What you will learn
 Pseudo-code::
 
     # kernel 1: one program per token m
-    amax = max_k |x[m, k]| ;  xs[m] = amax / 127 (1 if amax == 0)
+    amax = max_k |x[m, k]| ;  xs[m] = amax / 127 (1 if amax == 0; NaN if any x is NaN)
     xq[m, :] = int8(clamp(round_half_even(x[m, :] / xs[m]), -127, 127))
     # kernel 2: one program per (BLOCK_M, BLOCK_N) tile of y
     acc = 0 (int32)
@@ -56,13 +56,19 @@ def quantize_rows_int8_kernel(
 ):
     m = tl.program_id(0)                                     # one program per token
     amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    probe = tl.zeros((BLOCK_K,), dtype=tl.float32)          # NaN once any x is NaN
     for k0 in range(0, K, BLOCK_K):                          # pass 1: the row's max |x|
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + m * stride_xm + offs_k, mask=offs_k < K, other=0.0)
-        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))   # max ignores NaN (GPU fmax)
+        probe += x.to(tl.float32)
     row_max = tl.max(amax, axis=0)
     # div_rn: IEEE division, as torch's (a plain / may compile to an approximate one)
     scale = tl.where(row_max > 0, tl.math.div_rn(row_max, 127.0), 1.0)
+    # a NaN in the row makes its scale NaN, so the layer's output row is NaN, never a
+    # finite wrong number (the max above skips NaN and the codes would clamp it to +-127)
+    nan_sum = tl.sum(probe, axis=0)
+    scale = tl.where(nan_sum == nan_sum, scale, nan_sum)
     tl.store(xs_ptr + m, scale)
     for k0 in range(0, K, BLOCK_K):                          # pass 2: scale, round, clamp
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -114,6 +120,64 @@ def int8_gemm_kernel(
         b_s = tl.load(bs_ptr + offs_n, mask=n_mask, other=0.0)  # (BLOCK_N,)
         y = acc.to(tl.float32) * a_s[:, None] * b_s[None, :]
         tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def int8_fused_kernel(
+    x_ptr,        # activations, (M, K) fp16/bf16/fp32, M <= BLOCK_M: quantized in here
+    b_ptr,        # quantized weights, (N, K) int8
+    bs_ptr,       # per-channel scales, (N,) fp32
+    y_ptr,        # output, (M, N) in x's dtype
+    M, N, K,      # problem size
+    stride_xm,    # elements between rows of x
+    stride_bn,    # elements between rows of b
+    stride_ym,    # elements between rows of y
+    BLOCK_M: tl.constexpr,   # rows of x: one tile holds the whole decode batch (16)
+    BLOCK_N: tl.constexpr,   # rows of b per program
+    BLOCK_K: tl.constexpr,   # K per loop step
+):
+    """Decode (M <= 16): the per-token quantization fused into the GEMM's prologue, one
+    launch. Every program finds each token's max |x| (x is a few KB, read from L2), then
+    quantizes its x tiles in registers exactly as ``quantize_rows_int8_kernel`` does."""
+    pid_n = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)                           # (BLOCK_M,) every token
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # (BLOCK_N,)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    amax = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)   # prologue: max |x| per token
+    probe = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)  # NaN once any x is NaN
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+        probe += x
+    row_max = tl.max(amax, axis=1)                           # (BLOCK_M,)
+    scale = tl.where(row_max > 0, tl.math.div_rn(row_max, 127.0), 1.0)
+    nan_sum = tl.sum(probe, axis=1)
+    scale = tl.where(nan_sum == nan_sum, scale, nan_sum)    # (BLOCK_M,) NaN rows stay NaN
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)     # (BLOCK_M, BLOCK_N)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=m_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+        a = tl.math.div_rn(x, scale[:, None])                # |a| <= 127
+        a = (a + 12582912.0) - 12582912.0                    # round half to even
+        a = tl.minimum(tl.maximum(a, -127.0), 127.0).to(tl.int8)   # (BLOCK_M, BLOCK_K)
+        b = tl.load(b_ptr + offs_n[:, None] * stride_bn + offs_k[None, :],
+                    mask=n_mask[:, None] & k_mask[None, :], other=0,
+                    eviction_policy="evict_first")           # (BLOCK_N, BLOCK_K) int8
+        acc = tl.dot(a, tl.trans(b), acc, out_dtype=tl.int32)   # int8 x int8 -> int32, exact
+    b_s = tl.load(bs_ptr + offs_n, mask=n_mask, other=0.0)  # (BLOCK_N,)
+    y = acc.to(tl.float32) * scale[:, None] * b_s[None, :]
+    tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
+             y.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+FUSED_MAX_M = 16                 # decode batches: quantization fused into the GEMM
+_FUSED_DEFAULT = triton.Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4,
+                               num_stages=3)
 
 
 _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w,
@@ -199,17 +263,39 @@ def int8_gemm(xq: torch.Tensor, xs: torch.Tensor, w_q: torch.Tensor, w_scale: to
     return y
 
 
-def w8a8_int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+def w8a8_int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, *,
+                     fused: bool | None = None) -> torch.Tensor:
     """The whole INT8 W8A8 layer: quantize x per token, then the INT8 GEMM (lesson 08).
 
-    x: (..., K) fp16/bf16/fp32; w_q: (N, K) int8; w_scale: (N,). Returns (..., N) in x's dtype.
+    x: (..., K) fp16/bf16/fp32; w_q: (N, K) int8; w_scale: (N,). Returns (..., N) in x's
+    dtype. Up to ``FUSED_MAX_M`` tokens (decode) the quantization runs in the GEMM's
+    prologue, one launch (``int8_fused_kernel``); ``fused=False`` forces the two kernels,
+    ``fused=True`` the fused one (same codes, same result).
     """
     require_int8()
-    _check_weights(w_q, w_scale)
-    check_activations(x, w_q.shape[1])
-    xq, xs = quantize_rows_int8(x)                                      # (M, K), (M,)
-    y = int8_gemm(xq, xs, w_q, w_scale, out_dtype=x.dtype)              # (M, N)
-    return y.reshape(*x.shape[:-1], w_q.shape[0])
+    ws = _check_weights(w_q, w_scale)
+    N, K = w_q.shape
+    x2 = check_activations(x, K)                                        # (M, K)
+    M = x2.shape[0]
+    if fused is None:
+        fused = 0 < M <= FUSED_MAX_M
+    if fused and M > FUSED_MAX_M:
+        raise ValueError(f"fused=True takes at most {FUSED_MAX_M} tokens (got {M}): the "
+                         f"fused kernel holds the whole batch in one tile")
+    if not fused:
+        xq, xs = quantize_rows_int8(x2)                                 # (M, K), (M,)
+        y = int8_gemm(xq, xs, w_q, w_scale, out_dtype=x.dtype)          # (M, N)
+        return y.reshape(*x.shape[:-1], N)
+    w_q = w_q.contiguous()
+    check_device(x2, w_q, ws)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)            # (M, N), written once
+    c = _FUSED_DEFAULT
+    meta = dict(c.kwargs) if on_gpu() else {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32}
+    if on_gpu():
+        meta.update(num_warps=c.num_warps, num_stages=c.num_stages)
+    int8_fused_kernel[(triton.cdiv(N, meta["BLOCK_N"]),)](
+        x2, w_q, ws, y, M, N, K, x2.stride(0), w_q.stride(0), y.stride(0), **meta)
+    return y.reshape(*x.shape[:-1], N)
 
 
 # ---------------------------------------------------------------------------- reference
@@ -307,4 +393,11 @@ def compile_jobs(arch: int, all_configs: bool = False):
                 dict(RAW_ACC=raw), _GEMM_CONFIGS, _GEMM_DEFAULT, all_configs, min_cc=INT8_MIN_CC_X10,
                 rows=lambda c: c["BLOCK_M"],
                 weight_bytes_per_step=lambda c: c["BLOCK_N"] * c["BLOCK_K"])
+        jobs += config_jobs(
+            "int8_fused", int8_fused_kernel,
+            dict(x_ptr=act, b_ptr="*i8", bs_ptr="*fp32", y_ptr=act, M="i32", N="i32", K="i32",
+                 stride_xm="i32", stride_bn="i32", stride_ym="i32"),
+            {}, [_FUSED_DEFAULT], _FUSED_DEFAULT, False, min_cc=INT8_MIN_CC_X10,
+            rows=lambda c: c["BLOCK_M"])   # no per-byte count: the loop finder would
+            # pick the prologue (it reads x only), not the weight loop
     return jobs

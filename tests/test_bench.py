@@ -503,3 +503,28 @@ def test_gemv_sweep_refuses_without_a_gpu():
     r = subprocess.run([sys.executable, "-m", "kernels.sweep_gemv"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and "kernels.bench" in r.stderr
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_torch_int4_kernels_read_the_course_codes_exactly(symmetric):
+    """tinygemm's w = (u - 8) * scale + zero against the course's w = (q - z) * s: the
+    mapping (kbench.int4pack_params) checked through torch's CPU int4 kernel in fp32."""
+    from kernels import w4a16
+
+    g = torch.Generator().manual_seed(4)
+    w, x = torch.randn(48, 256, generator=g), torch.randn(3, 256, generator=g)
+    wt = w4a16.quantize_weight(w, 128, symmetric)
+    u, sz = kbench.int4pack_params(wt)
+    assert u.min() >= 0 and u.max() <= 15 and sz.shape == (2, 48, 2)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u, 1)
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 128, sz)
+    ref = w4a16.w4a16_reference(x, wt)
+    assert torch.allclose(y, ref, rtol=1e-5, atol=1e-4), (y - ref).abs().max()
+
+
+def test_gpu_only_peers_stay_off_a_cpu():
+    assert kbench.gemlite_backends() == []
+    if not torch.cuda.is_available():
+        assert kbench.separating_measurements is not None
+        with pytest.raises(RuntimeError, match="GPU"):
+            kbench.separating_measurements()

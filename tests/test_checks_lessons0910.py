@@ -76,7 +76,7 @@ def test_off_by_one_and_duplicates_are_rejected():
 
 
 # ---- input modified in place: the shared harness compares the caller's inputs before and
-# after each call (issue 19; it lands with the harness branch, hence non-strict xfail here)
+# after each call (issue 19)
 
 def _unpack_flips_in_place(words, signed=True):
     """XORs the caller's words (+8 to every nibble) instead of a copy of them."""
@@ -106,7 +106,6 @@ def test_in_place_answers_give_right_values():
         bench.gain_by_batch(res, "w8a16", (8192, 28672))
 
 
-@pytest.mark.xfail(strict=False, reason="needs the harness's in-place check (harness branch)")
 @pytest.mark.parametrize("ex_id, fn", [("09.unpack_int4_bits", _unpack_flips_in_place),
                                        ("10.gain_by_batch", _gain_sorts_in_place),
                                        ("09.magic_unpack16", _magic_in_place)])

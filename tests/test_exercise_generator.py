@@ -62,7 +62,7 @@ from course_lib.authoring.exercises import graded_cells_that_display  # noqa: E4
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
 # lessons whose owners apply `name = check(...)` at merge (the lead's list; empty it then)
-BARE_UNTIL_MERGE = {"09", "10"}
+BARE_UNTIL_MERGE: set[str] = set()
 
 
 def _graded(src):

@@ -32,6 +32,7 @@ def test_default_configs_compile_and_fit_every_listed_architecture():
     assert "0 unexpected result(s)" in out and "TOO MUCH SHARED" not in out
     for arch in cc.ARCHS:
         assert f"sm_{arch} w4a16_gemv" in out and f"sm_{arch} w8a16_gemm" in out
+        assert f"sm_{arch} w4a16_dot " in out
     assert "sm_80 fp8_gemm             refused (expected)" in out
     assert "sm_75 quantize_rows_fp8    refused (expected)" in out
     # Hopper's FP8 GEMM at the default BLOCK_M = 64 runs FP8 wgmma
@@ -56,6 +57,52 @@ def test_report_counts_instructions_per_weight_byte(tmp_path):
     w8_1, w8_8 = by[("w8a16_gemv", 1, False)], by[("w8a16_gemv", 8, False)]
     assert w8_8["instructions_per_weight_byte"] < 4 * w8_1["instructions_per_weight_byte"]
     assert all(r.get("local_bytes", 0) == 0 for r in recs), "a default GEMV spills registers"
+
+
+def test_decode_kernels_meet_the_instruction_and_latency_budgets(tmp_path):
+    """Issue 18's CPU checks of the rebuilt weight-only kernels (default decode configs,
+    one 16-row tile serves M = 1 and M = 16): W4A16 <= 5.5 SASS instructions per weight
+    byte in the main loop (symmetric codes, the course's default), W8A16 <= 4.5; cp.async
+    in the loop; no int-to-float conversion in the W4 loop; no spills; and the launch plans
+    keep >= 32 KB of weights in flight per SM at both benchmark shapes (132 SMs)."""
+    path = tmp_path / "report.json"
+    proc, out = _run("--arch", "80", "90", "--report", "--only", "w4a16_dot", "w8a16_dot",
+                     "--json", str(path))
+    assert proc.returncode == 0, out[-4000:]
+    rep = json.loads(path.read_text())
+    recs = [r for r in rep["records"] if r["default"] and r["compiled"]]
+    assert {(r["arch"], r["name"]) for r in recs} >= {
+        (a, n) for a in (80, 90) for n in ("w4a16_dot", "w8a16_dot", "w4a16_dot split-K")}
+    for r in recs:
+        assert r["sass_cp_async_in_loop"], (r["arch"], r["name"])
+        assert r["local_bytes"] == 0, (r["arch"], r["name"], "spills")
+        assert r["rows"] == 16, r["constexprs"]
+        if r["name"].startswith("w4a16"):
+            assert r["sass_int_to_float_in_loop"] == 0, (r["arch"], r["name"])
+            if not r["constexprs"]["HAS_ZERO"]:
+                assert r["sass_instructions_per_weight_byte"] <= 5.5, r
+        else:
+            assert r["sass_instructions_per_weight_byte"] <= 4.5, r
+    plans = rep["launch_plans"]
+    assert {(p["name"], p["M"], p["K"], p["N"]) for p in plans} == {
+        (n, m, k, nn) for n in ("w4a16_dot", "w8a16_dot") for m in (1, 16)
+        for k, nn in cc.BENCH_SHAPES}
+    for p in plans:
+        assert p["bytes_in_flight_per_sm"] >= 32 * 1024, p
+        assert p["steps_ahead"] >= 2, p
+
+
+def test_bytes_in_flight_counts_idle_sms_and_the_pipeline_depth():
+    plan = dict(BLOCK_M=16, BLOCK_N=64, SPLIT_K=1, num_warps=4, num_stages=4)
+    # 64 programs on 132 SMs, 3 steps of 4 KB ahead each: 64 * 12 KB / 132
+    r = cc.bytes_in_flight(plan, N=4096, M=1, trips=32, step_bytes=4096, shared=40000,
+                           regs=128, sms=132, arch=90)
+    assert r["programs"] == 64 and r["steps_ahead"] == 3
+    assert r["bytes_in_flight_per_sm"] == 64 * 3 * 4096 // 132
+    # a slice of 2 trips cannot keep 3 steps ahead
+    r = cc.bytes_in_flight(dict(plan, SPLIT_K=16), N=4096, M=1, trips=32, step_bytes=4096,
+                           shared=40000, regs=128, sms=132, arch=90)
+    assert r["steps_ahead"] == 2 and r["programs"] == 1024
 
 
 def test_fp8_row_quantization_divides_with_round_to_nearest():

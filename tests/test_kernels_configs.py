@@ -39,6 +39,7 @@ def _x(M, K, seed=1):
 
 W8_GEMV, W8_GEMM = _configs(w8a16._GEMV_CONFIGS), _configs(w8a16._GEMM_CONFIGS)
 W4_GEMV, W4_GEMM = _configs(w4a16._GEMV_CONFIGS), _configs(w4a16._GEMM_CONFIGS)
+W4_DOT = _configs(w4a16._DOT_CONFIGS)
 FP8_GEMM = _configs(fp8_w8a8._GEMM_CONFIGS)
 
 
@@ -93,6 +94,15 @@ def test_w4a16_every_gemm_config(cfg, symmetric):
     assert cmp("w4a16", w4a16.w4a16_reference(x, wt), y, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("cfg", W4_DOT, ids=_ids(W4_DOT))
+@pytest.mark.parametrize("M,symmetric,split_k", [(1, True, 1), (16, False, 2)])
+def test_w4a16_every_dot_config(cfg, M, symmetric, split_k):
+    wt = _w4(40, 256, 64, symmetric)
+    x = _x(M, 256)
+    y = w4a16.w4a16_linear(x, wt, config=cfg, split_k=split_k)
+    assert cmp("w4a16", w4a16.w4a16_reference(x, wt), y, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.skipif(not fp8_w8a8.fp8_supported()[0], reason=fp8_w8a8.fp8_supported()[1])
 @pytest.mark.parametrize("cfg", FP8_GEMM, ids=_ids(FP8_GEMM))
 def test_fp8_every_gemm_config(cfg):
@@ -137,12 +147,12 @@ def test_one_program_covers_the_whole_small_batch(mod, name, M, monkeypatch):
     if mod is w8a16:
         w_q, s = w8a16.quantize_weight(_weights(N, K))
         x = _x(M, K)
-        y = w8a16.w8a16_linear(x, w_q.to(DEV), s.to(DEV), block_n=16)
+        y = w8a16.w8a16_linear(x, w_q.to(DEV), s.to(DEV), block_n=16, kernel="gemv")
         ref = w8a16.w8a16_reference(x, w_q.to(DEV), s.to(DEV))
     else:
         wt = _w4(N, K, 32, True)
         x = _x(M, K)
-        y = w4a16.w4a16_linear(x, wt, block_n=16)
+        y = w4a16.w4a16_linear(x, wt, block_n=16, kernel="gemv")
         ref = w4a16.w4a16_reference(x, wt)
     assert rec["r"].kernel is getattr(mod, name) or getattr(rec["r"].kernel, "fn", None) is getattr(mod, name)
     assert rec["r"].grids == [(3, 1)]                    # ceil(40 / 16) blocks, no split

@@ -172,3 +172,27 @@ def test_reference_refuses_int_activations_and_3d_weights():
     for fast in (False, True):
         with pytest.raises(ValueError, match="2-D floating-point weight"):
             quantize_weight(torch.randn(2, 16, 64), fast=fast)
+
+
+
+@pytest.mark.skipif(not fp8_supported()[0], reason=fp8_supported()[1])
+@pytest.mark.parametrize("M", [1, 5, 16])
+def test_fused_quantization_gives_the_two_kernel_result(M):
+    """Decode batches quantize x in the FP8 GEMM's prologue (one launch): the same codes and
+    scales as quantize_rows_fp8, so the same output; a NaN row comes out NaN."""
+    from kernels.fp8_w8a8 import fp8_w8a8_linear
+
+    g = torch.Generator().manual_seed(5)
+    w_q, ws = quantize_weight(torch.randn(40, 96, generator=g) / 10)
+    x = torch.randn(M, 96, generator=g)
+    dev = "cuda" if on_gpu() else "cpu"
+    w_q, ws, x = w_q.to(dev), ws.to(dev), x.to(dev)
+    two = fp8_w8a8_linear(x, w_q, ws, fused=False)
+    one = fp8_w8a8_linear(x, w_q, ws)
+    assert torch.allclose(one, two, rtol=1e-5, atol=1e-5)
+    x[0, 3] = float("nan")
+    for fused in (True, False):
+        y = fp8_w8a8_linear(x, w_q, ws, fused=fused).cpu()
+        assert torch.isnan(y[0]).all() and torch.isfinite(y[1:]).all(), fused
+    with pytest.raises(ValueError, match="at most 16 tokens"):
+        fp8_w8a8_linear(torch.randn(17, 96, device=dev), w_q, ws, fused=True)

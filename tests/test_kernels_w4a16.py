@@ -38,10 +38,16 @@ def test_matches_reference(M, N, K, G, symmetric, dtype):
     assert res, str(res)
 
 
-@pytest.mark.parametrize("path", [dict(split_k=2, block_n=8), dict(force_gemm=True),
-                                  dict(split_k=3, block_n=16), dict(block_k=32),
-                                  dict(block_k=128), dict(block_k=128, split_k=2),
-                                  dict(block_k=256, block_n=32), dict(block_k=64, block_n=8)])
+GEMV = dict(kernel="gemv")
+
+
+@pytest.mark.parametrize("path", [dict(split_k=2, block_n=8, **GEMV), dict(force_gemm=True),
+                                  dict(split_k=3, block_n=16, **GEMV), dict(block_k=32, **GEMV),
+                                  dict(block_k=128, **GEMV), dict(block_k=128, split_k=2, **GEMV),
+                                  dict(block_k=256, block_n=32, **GEMV),
+                                  dict(block_k=64, block_n=8, **GEMV),
+                                  dict(), dict(split_k=2), dict(split_k=3, block_k=64),
+                                  dict(split_k=6, block_n=16), dict(block_k=96, block_n=64)])
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_every_path(path, symmetric):
     x, wt, _ = _case(3, 37, 192, 32, torch.float32, symmetric, seed=1)
@@ -115,3 +121,40 @@ def test_reference_and_quantizer_refuse_bad_shapes_and_int_activations():
         w4a16_reference(torch.randn(1, 64), wt)
     with pytest.raises(ValueError, match="2-D floating-point weight"):
         quantize_weight(torch.randn(2, 16, 128), 128)               # built a 3-D 'packed' weight before
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_split_k_workspace_is_zero_again_after_every_call(symmetric):
+    """The split-K slices meet in an fp32 workspace and a counter per tile; the last slice
+    resets both, so the next call (or a CUDA graph replay) needs no zero-fill kernel."""
+    from kernels import _common
+
+    x, wt, _ = _case(2, 40, 256, 32, torch.float32, symmetric, seed=2)
+    for _ in range(2):
+        y = w4a16_linear(x, wt, split_k=4, block_k=32)
+        assert cmp("split-K", w4a16_reference(x, wt), y, rtol=1e-4, atol=1e-4)
+        ws, cnt = _common._WORKSPACES[(str(x.device), 2, 40, 2)]
+        assert not ws.any() and not cnt.any()
+
+
+def test_kernel_by_name_and_bad_names():
+    x, wt, _ = _case(2, 16, 64, 32, torch.float32)
+    ref = w4a16_reference(x, wt)
+    for name in ("dot", "gemv", "gemm"):
+        assert cmp(name, ref, w4a16_linear(x, wt, kernel=name), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="kernel='tiled': choose one of"):
+        w4a16_linear(x, wt, kernel="tiled")
+    with pytest.raises(ValueError, match="block_k=48 must be a multiple of the group size 32"):
+        w4a16_linear(x, wt, block_k=48)
+    if not on_gpu():
+        with pytest.raises(ValueError, match="asm=True needs a GPU"):
+            w4a16_linear(x, wt, asm=True)
+
+
+@pytest.mark.parametrize("kernel", ["dot", "gemv"])
+def test_nan_in_x_comes_out_nan(kernel):
+    x, wt, _ = _case(3, 16, 64, 32, torch.float32, symmetric=False)
+    x = x.clone()
+    x[1, 3] = float("nan")
+    y = w4a16_linear(x, wt, kernel=kernel).cpu()
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[[0, 2]]).all()

@@ -34,8 +34,9 @@ def test_matches_reference(M, N, K, dtype):
     assert res, str(res)
 
 
-@pytest.mark.parametrize("path", [dict(split_k=3, block_n=8), dict(force_gemm=True),
-                                  dict(block_n=16, split_k=2)])
+@pytest.mark.parametrize("path", [dict(split_k=3, block_n=8, kernel="gemv"), dict(force_gemm=True),
+                                  dict(block_n=16, split_k=2, kernel="gemv"), dict(),
+                                  dict(split_k=2), dict(block_n=16, split_k=3)])
 def test_every_path(path):
     x, w_q, scale = _case(3, 37, 90, torch.float32, seed=1)
     res = cmp("w8a16", w8a16_reference(x, w_q, scale), w8a16_linear(x, w_q, scale, **path),
@@ -94,3 +95,26 @@ def test_reference_and_quantizer_refuse_bad_shapes_and_int_activations():
     for bad in (torch.randn(64), torch.randn(2, 16, 64), torch.ones(16, 64, dtype=torch.int32)):
         with pytest.raises(ValueError, match="2-D floating-point weight"):
             quantize_weight(bad)
+
+
+def test_split_k_leaves_its_workspace_at_zero_and_bad_names_are_refused():
+    from kernels import _common
+
+    x, w_q, scale = _case(2, 40, 256, torch.float32, seed=3)
+    for _ in range(2):
+        y = w8a16_linear(x, w_q, scale, split_k=4)
+        assert cmp("split-K", w8a16_reference(x, w_q, scale), y, rtol=1e-4, atol=1e-4)
+        ws, cnt = _common._WORKSPACES[(str(x.device), 2, 40, 3)]
+        assert not ws.any() and not cnt.any()
+    with pytest.raises(ValueError, match="kernel='tiled': choose one of"):
+        w8a16_linear(x, w_q, scale, kernel="tiled")
+    with pytest.raises(ValueError, match="block_n=8 is too narrow for tl.dot"):
+        w8a16_linear(x, w_q, scale, block_n=8)
+
+
+def test_nan_in_x_comes_out_nan():
+    x, w_q, scale = _case(3, 16, 64, torch.float32)
+    x = x.clone()
+    x[1, 3] = float("nan")
+    y = w8a16_linear(x, w_q, scale).cpu()
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[[0, 2]]).all()

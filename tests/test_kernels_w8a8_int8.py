@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from course_lib import quant
+from course_lib.compare import cmp
 from kernels._common import on_gpu
 from kernels.w8a8_int8 import (int8_gemm, int8_gemm_reference, int8_supported,
                                quantize_activations, quantize_rows_int8, quantize_weight,
@@ -127,11 +128,44 @@ def test_bad_inputs_say_what_to_do():
             int8_gemm(x, torch.ones(2), w_q, ws)
 
 
+@pytest.mark.skipif(not SUPPORTED, reason="INT8 W8A8 needs compute capability 8.0+")
+def test_nan_or_inf_in_activations_never_comes_out_finite():
+    """A NaN in x must not vanish: the per-token max skips NaN and the codes clamp it to
+    +-127, so without a check the row would come out finite and wrong (issue 19)."""
+    x, w_q, ws = _case(4, 24, 64)
+    x = x.clone()
+    x[1, 5], x[2, 7] = float("nan"), float("inf")
+    y = w8a8_int8_linear(x, w_q, ws).float().cpu()                     # (4, 24)
+    assert torch.isnan(y[1]).all() and not torch.isfinite(y[2]).any()
+    assert torch.isfinite(y[[0, 3]]).all()
+    xq, xs = quantize_rows_int8(x)
+    assert torch.isnan(xs[1]) and torch.isfinite(xs[[0, 3]]).all()
+
+
+@pytest.mark.skipif(not SUPPORTED, reason="INT8 W8A8 needs compute capability 8.0+")
+@pytest.mark.parametrize("M", [1, 5, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_quantization_gives_the_two_kernel_result(M, dtype):
+    """Decode batches quantize x in the GEMM's prologue (one launch): the same codes and
+    scales as quantize_rows_int8, so the same output, bit for bit."""
+    x, w_q, ws = _case(M, 40, 150, dtype)
+    two = w8a8_int8_linear(x, w_q, ws, fused=False)
+    one = w8a8_int8_linear(x, w_q, ws)                                   # fused by default
+    assert torch.equal(one, two)
+    assert cmp("int8 fused", w8a8_int8_reference(x, w_q, ws), one, rtol=2e-2, atol=2e-2)
+    x = x.clone()
+    x[0, 3] = float("nan")
+    assert torch.isnan(w8a8_int8_linear(x, w_q, ws, fused=True)[0]).all()
+    with pytest.raises(ValueError, match="at most 16 tokens"):
+        w8a8_int8_linear(torch.randn(17, 150), w_q, ws, fused=True)
+
+
 def test_compile_jobs_are_well_formed():
     from kernels import bench, compile_check
     from kernels.w8a8_int8 import compile_jobs
     jobs = compile_jobs(90)
-    assert {j.name for j in jobs} == {"quantize_rows_int8", "int8_gemm", "int8_gemm raw"}
+    assert {j.name for j in jobs} == {"quantize_rows_int8", "int8_gemm", "int8_gemm raw",
+                                      "int8_fused"}
     assert all(j.default for j in jobs) and {j.min_cc for j in jobs} == {0, 80}
     assert "kernels.w8a8_int8" in compile_check.KERNEL_MODULES
     assert "kernels.w8a8_int8" in bench.GPU_KERNEL_MODULES

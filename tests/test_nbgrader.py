@@ -24,9 +24,8 @@ LESSONS = lessons()
 # Autograding runs each notebook twice (solved, unsolved): all 12 lessons took 464 s on the
 # 2-core machine under heavy load (all passed), too much to add to every CI run. The subset
 # covers each kind of test cell: `ok = check(...)` cells after the solution cell (02), cells
-# the stamper split off a solution cell (01), and bare `check(...)` expressions, whose
-# CheckResult nbgrader reads as full credit, with a Triton kernel exercise run by the
-# interpreter (09). COURSE_NBGRADER_ALL=1 autogrades every lesson.
+# the stamper split off a solution cell (01), and `ok_NAME = check(...)` cells after a Triton
+# kernel exercise run by the interpreter (09). COURSE_NBGRADER_ALL=1 autogrades every lesson.
 AUTOGRADED = LESSONS if os.environ.get("COURSE_NBGRADER_ALL") else [
     n for n in LESSONS if n[:2] in ("01", "02", "09")]
 
