@@ -77,6 +77,7 @@ GPU_KERNEL_MODULES = [
     "kernels.w8a8_int8",
 ]
 
+
 def gpu_backends(with_fp8: bool, act_dtype: torch.dtype = torch.bfloat16,
                  peers: bool = False) -> list[Backend]:
     """The 16-bit baseline (BF16 ``F.linear``; FP16 on GPUs without BF16 tensor cores,
@@ -92,6 +93,7 @@ def gpu_backends(with_fp8: bool, act_dtype: torch.dtype = torch.bfloat16,
     if peers:
         out += peer_backends(act_dtype, with_fp8)
     return out
+
 
 def machine_backends(log=print, probe: bool = True) -> list[Backend]:
     """What ``run()`` compares on this machine (lesson 10 lists them).
@@ -118,6 +120,7 @@ def _copy_bandwidth(device: str, quick: bool) -> float:
     kwargs = {"size_mb": 64, "repeats": 3} if (quick and device == "cpu") else {}
     return float(measure_copy_bandwidth(device, **kwargs).median_gbps)
 
+
 def _read_bandwidth(device: str, quick: bool) -> float:
     """Measured read-only bandwidth (a sum over a large tensor), sized as the copy."""
     from course_lib.bandwidth import measure_read_bandwidth
@@ -125,12 +128,14 @@ def _read_bandwidth(device: str, quick: bool) -> float:
     kwargs = {"size_mb": 64, "repeats": 3} if (quick and device == "cpu") else {}
     return float(measure_read_bandwidth(device, **kwargs).median_gbps)
 
+
 def placement(backends, gpu: bool) -> tuple[str, str]:
     """(device, timer) for a run: CPU-only backends are timed on the CPU even when a GPU
     is present (``kernels/gpu_check.sh`` runs the CPU tests on a GPU machine)."""
     if backends is not None and all(b.device == "cpu" for b in backends):
         return "cpu", "cpu"
     return ("cuda", "gpu") if gpu else ("cpu", "cpu")
+
 
 def run(quick: bool = False, budget_s: float = 150.0, log=print, decode_layers: int | None = None,
         layers=None, batches=None, prefill_m: int | None = None, backends=None,
@@ -156,6 +161,7 @@ def run(quick: bool = False, budget_s: float = 150.0, log=print, decode_layers: 
                     timer, decode_cfg, repeats, gpu, checkpoint)
     finally:
         torch.set_num_threads(old_threads)
+
 
 def _run(quick, budget_s, log, decode_layers, layers, batches, prefill_m, backends, timer,
          decode_cfg, repeats, gpu, checkpoint=None) -> dict:

@@ -17,6 +17,7 @@ from course_lib import bench
 from kernels._common import Backend
 from kernels.bench_layers import backend_device
 
+
 class DecoderStack(torch.nn.Module):
     """Decoder layers with Llama's linear shapes (random weights; attention left out).
 
@@ -53,6 +54,7 @@ class DecoderStack(torch.nn.Module):
             h = h + self._lin(F.silu(self._lin(a, L["gate"])) * self._lin(a, L["up"]), L["down"])
         return h
 
+
 def decode_tokens_per_s(backends: list[Backend], n_layers: int, d: int, d_kv: int, d_ff: int,
                         timer: str, device: str, batch: int = 1, repeats: int = 5,
                         log=print) -> dict:
@@ -76,6 +78,7 @@ def decode_tokens_per_s(backends: list[Backend], n_layers: int, d: int, d_kv: in
         r["ratio_vs_baseline"] = r["tokens_per_s"] / out[base]["tokens_per_s"]
     return out
 
+
 def _cuda_graph(step):
     """Capture a decode step in a CUDA graph (removes launch overhead); eager on failure."""
     try:
@@ -89,6 +92,7 @@ def _cuda_graph(step):
     except Exception as err:  # noqa: BLE001  (reported in the JSON as "cuda_graph": false)
         print(f"  (CUDA graph capture failed, timing eagerly: {type(err).__name__}: {err})")
         return step, False
+
 
 def decode_layers_that_fit(d: int, d_kv: int, d_ff: int, want: int, bytes_per_weight: float = 2.0,
                            free_bytes: float | None = None, share: float = 0.5) -> int:

@@ -27,6 +27,7 @@ from kernels._common import Backend
 
 SCHEMA = 1
 
+
 # What each timing field means (written into every results JSON).
 FIELDS = {
     "ms": "headline time per call. GPU: median per call replayed from a CUDA graph over weight "
@@ -49,6 +50,7 @@ def backend_device(b: Backend, device: str) -> str:
     """Where a backend's tensors live: CPU-only ops always get CPU tensors."""
     return b.device or device
 
+
 def output_error(b: Backend, w: torch.Tensor, x: torch.Tensor, state=None) -> float:
     """Relative error of a backend's output against exact fp32 ``F.linear(x, w)``."""
     dev = backend_device(b, str(w.device))
@@ -57,6 +59,7 @@ def output_error(b: Backend, w: torch.Tensor, x: torch.Tensor, state=None) -> fl
     y = b.apply(x_b.to(b.act_dtype), state).float()                      # (M, N)
     exact = F.linear(x_b.float(), w_b.float())                           # (M, N)
     return ((y - exact).norm() / exact.norm()).item()
+
 
 def usable_backends(backends: list[Backend], log=print, device: str = "cpu") -> list[Backend]:
     """The backends that run on a small layer and agree with fp32 F.linear.
@@ -88,6 +91,7 @@ def _bytes(b: Backend, M: int, N: int, K: int) -> float:
     gs = K if b.group_size == "per_channel" else b.group_size
     act = 4 if b.act_dtype == torch.float32 else 2
     return bench.linear_bytes(M, N, K, b.weight_bits, act, act, gs)
+
 
 def time_layers(backends: list[Backend], layers, batches, timer: str, device: str,
                 budget_s: float | None = None, repeats: int = 7, log=print,
@@ -146,6 +150,7 @@ def time_layers(backends: list[Backend], layers, batches, timer: str, device: st
         del w, states
     return rows
 
+
 def _clone(state):
     """A copy of a prepared weight (tensors cloned), for rotating buffers."""
     if isinstance(state, torch.Tensor):
@@ -157,6 +162,7 @@ def _clone(state):
                                             for f in dataclasses.fields(state)})
     return state
 
+
 def _state_bytes(state) -> int:
     if isinstance(state, torch.Tensor):
         return state.numel() * state.element_size()
@@ -165,6 +171,7 @@ def _state_bytes(state) -> int:
     if dataclasses.is_dataclass(state):
         return sum(_state_bytes(getattr(state, f.name)) for f in dataclasses.fields(state))
     return 0
+
 
 def _time_gpu_layer(backends, states, xs):
     """Per backend: CUDA-graph time over weight copies that overflow L2 (the headline "ms"),
@@ -198,6 +205,7 @@ def device_record() -> dict:
             "memory_gb": info.memory_gb, "cpu_count": info.cpu_count,
             "triton_interpret": info.triton_interpret}
 
+
 def versions() -> dict:
     import numpy
     import triton
@@ -206,9 +214,11 @@ def versions() -> dict:
             "triton": triton.__version__, "numpy": numpy.__version__,
             "cuda": torch.version.cuda, "platform": platform.platform()}
 
+
 def device_slug(name: str) -> str:
     """'NVIDIA H100 80GB HBM3' -> 'nvidia_h100_80gb_hbm3' (file-name safe)."""
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")[:60] or "device"
+
 
 def write_results(result: dict, out_dir: Path | str = ROOT / "results") -> Path:
     """Write ``result`` as results/bench_<kind>_<device>.json and return the path."""
@@ -220,12 +230,14 @@ def write_results(result: dict, out_dir: Path | str = ROOT / "results") -> Path:
     path.write_text(json.dumps(result, indent=1) + "\n")
     return path
 
+
 def load_results(path: Path | str) -> dict:
     """Read a results JSON (lesson 10 reads the committed ones)."""
     data = json.loads(Path(path).read_text())
     if data.get("schema") != SCHEMA:
         raise ValueError(f"{path}: results schema {data.get('schema')!r}, expected {SCHEMA}")
     return data
+
 
 def layer_table(result: dict, phase: str | None = None) -> str:
     """The layer timings as text: one line per (layer, batch), ms and ratio per format."""
@@ -241,6 +253,7 @@ def layer_table(result: dict, phase: str | None = None) -> str:
                          for n in names)
         lines.append(f"{r['layer']:18s} {r['K']:>5d}x{r['N']:<6d} {r['M']:5d} {cells}")
     return "\n".join(lines)
+
 
 def gain_by_batch(result: dict, fmt: str, layer_kn: tuple[int, int]) -> dict[int, float]:
     """{batch M: baseline ms / ``fmt`` ms} over one layer's decode rows of a results JSON.

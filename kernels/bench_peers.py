@@ -23,6 +23,7 @@ from course_lib.paths import ROOT
 from kernels._common import Backend
 from kernels.bench_layers import usable_backends
 
+
 # ---------------------------------------------------- on a CPU: torch's weight-only kernels
 
 def _cpu_int8_prepare(w):
@@ -30,6 +31,7 @@ def _cpu_int8_prepare(w):
 
     q, s = quantize_weight(w)
     return q.contiguous(), s.to(torch.bfloat16)   # bf16 x and scales: its fast path
+
 
 def int4pack_params(wt) -> tuple[torch.Tensor, torch.Tensor]:
     """The course's W4A16 weight in torch's int4 kernels' terms (tinygemm convention).
@@ -50,6 +52,7 @@ def int4pack_params(wt) -> tuple[torch.Tensor, torch.Tensor]:
     zero = torch.zeros_like(s) if signed else (8 - wt.zero.float()) * s  # (N, K/G)
     return u.contiguous(), torch.stack([s.T, zero.T], dim=-1).contiguous()   # (K/G, N, 2)
 
+
 def _cpu_int4_prepare(w, group_size=128):
     """torch's CPU int4 layout from the course's own W4A16 codes (``int4pack_params``)."""
     from kernels.w4a16 import quantize_weight
@@ -57,6 +60,7 @@ def _cpu_int4_prepare(w, group_size=128):
     u, sz = int4pack_params(quantize_weight(w.float(), group_size))
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(u, 1)
     return packed, sz.to(torch.bfloat16), group_size
+
 
 def cpu_backends(probe: bool = True, log=print) -> list[Backend]:
     """fp32 (baseline), bf16, and torch's weight-only int8 and int4 CPU kernels.
@@ -92,21 +96,25 @@ def _cuda_int4_prepare(w, group_size=128):
     packed = torch.ops.aten._convert_weight_to_int4pack(u8.contiguous(), 8)
     return packed, sz.to(w.dtype if w.dtype != torch.float32 else torch.bfloat16), group_size
 
+
 def _int8_weight_only_prepare(w):
     from kernels.w8a16 import quantize_weight
 
     q, s = quantize_weight(w)
     return q.contiguous(), s.to(torch.bfloat16)
 
+
 def _int8_weight_only(x, q, s):
     """gpt-fast's int8 weight-only linear: convert W to x's dtype, matmul, scale the rows."""
     return F.linear(x, q.to(x.dtype)) * s.to(x.dtype)
+
 
 def _fp8_rowwise_prepare(w):
     from kernels.fp8_w8a8 import quantize_weight
 
     q, s = quantize_weight(w, fast=True)
     return q.contiguous(), s.float().reshape(1, -1)                     # (N, K), (1, N)
+
 
 def _fp8_quantize_rows(x):
     """Per-token FP8 of x padded to a multiple of 16 rows (``_scaled_mm`` needs that)."""
@@ -118,6 +126,7 @@ def _fp8_quantize_rows(x):
     xs = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
     return (xp.float() / xs).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), xs
 
+
 def _fp8_rowwise(x, st, quantize=_fp8_quantize_rows):
     """torch._scaled_mm with per-token and per-channel scales (what vLLM-style FP8 does);
     its operands need multiples of 16 rows, so a decode batch is padded (cost included).
@@ -127,9 +136,11 @@ def _fp8_rowwise(x, st, quantize=_fp8_quantize_rows):
     y = torch._scaled_mm(xq, q.t(), scale_a=xs, scale_b=ws, out_dtype=x.dtype)
     return y[:x.shape[0]]
 
+
 # gpt-fast's inductor settings (generate.py): coordinate-descent tuning of the generated
 # kernels; compiled with fullgraph and no dynamic shapes
 GPT_FAST_INDUCTOR = {"coordinate_descent_tuning": True, "fx_graph_cache": True}
+
 
 def compiled_kernel_count(fn, *args) -> int | None:
     """Kernels inductor generated for one compiled call of ``fn`` (1 = fully fused), or
@@ -141,6 +152,7 @@ def compiled_kernel_count(fn, *args) -> int | None:
     metrics.reset()
     fn(*args)
     return getattr(metrics, "generated_kernel_count", None)
+
 
 def _gpt_fast_int8():
     """The gpt-fast int8 weight-only peer: compiled with gpt-fast's settings, and checked
@@ -161,6 +173,7 @@ def _gpt_fast_int8():
         n = compiled_kernel_count(compiled, x, q, s)
         name += "" if n == 1 else f" [not fused: {n} kernels]"
     return name, compiled
+
 
 def peer_backends(act_dtype: torch.dtype = torch.bfloat16, with_fp8: bool = True) -> list[Backend]:
     """What a user would run instead of the course's kernels (GPU benchmark, issue 18):
@@ -184,7 +197,9 @@ def peer_backends(act_dtype: torch.dtype = torch.bfloat16, with_fp8: bool = True
     out += gemlite_backends(act_dtype)
     return out
 
+
 GEMLITE_DIR = ROOT / "third_party" / "gemlite"   # ``make gpu-bundle`` (git-ignored)
+
 
 def gemlite_backends(act_dtype: torch.dtype = torch.bfloat16) -> list[Backend]:
     """gemlite W4A16 g128 when its bundled copy is there and a GPU is (its import touches

@@ -14,6 +14,7 @@ from course_lib import bench
 from kernels.bench_decode import _cuda_graph
 from kernels.bench_layers import device_record, versions
 
+
 # ---------------------------------------------------------------------------------- targets
 
 def _find(rows, layer_kn, M, fmt):
@@ -21,6 +22,7 @@ def _find(rows, layer_kn, M, fmt):
         if (r["K"], r["N"], r["M"]) == (*layer_kn, M) and fmt in r["results"]:
             return r["results"][fmt]
     return None
+
 
 def evaluate_targets(rows: list[dict], decode: dict | None, read_gbps: float | None,
                      on_gpu: bool, is_hopper: bool) -> list[dict]:
@@ -64,6 +66,7 @@ def evaluate_targets(rows: list[dict], decode: dict | None, read_gbps: float | N
     ]
     return [{"id": i, "description": d, "threshold": t, "value": v,
              "met": None if v is None else bool(v >= t)} for i, d, t, v in spec]
+
 
 def targets_table(result: dict) -> str:
     """The performance targets as text: met / MISSED / - (not measured), with the value."""
