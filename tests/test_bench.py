@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from course_lib import bench, quant
+from course_lib import hardware as hw
 from kernels import bench as kbench
 from kernels import bench_decode, bench_layers, bench_peers
 
@@ -49,6 +50,7 @@ def test_ridge_point_and_roofline_h100():
 def test_catalogue_lookup(name, mem, expected):
     gpu = bench.catalogue_gpu(name, mem)
     assert (gpu.name if gpu else None) == expected
+    assert hw.catalogue_gpu(name, mem) is gpu      # the catalogue's own function, below bench
 
 
 def test_plot_roofline_draws_points():
