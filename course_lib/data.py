@@ -17,12 +17,23 @@ The real LLM (SmolLM2-135M) is measured on English prose: the Python language re
 key, even positions for calibration, odd positions for evaluation, each part joined with blank
 lines.
 
+How separate the two halves are: every topic is either calibration or evaluation, never both,
+but the topics repeat one another (the same grammar rules, tables and paragraphs appear under
+several keys), so the *text* is not disjoint. :func:`topics_overlap` measures it: the share of
+the evaluation half's characters that lie inside some run of ``run`` characters (100 by
+default) found verbatim in the calibration half: 24.1% for the bundled snapshot (a test keeps
+it between 20% and 30%), and three of the protocol's first 8 windows of SmolLM2 tokens overlap
+(one almost entirely). Lesson 05 computes and states it, and
+``python -m course_lib.methods.w8a8 --overlap-check`` re-ranks methods on evaluation windows
+free of such runs (:func:`overlap_free_windows`).
+
 Because a learner's Python may differ from the one the model was trained on, the evaluation text
 is *bundled*: ``course_lib/data/heldout_eval.txt`` holds a fixed slice (tens of KB) of the held-out
 modules, so every machine evaluates the same bytes. :func:`heldout_text` returns it.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import sysconfig
 from pathlib import Path
@@ -122,6 +133,9 @@ def to_tensor(b: bytes) -> torch.Tensor:
         b = b.encode("utf-8")
     if not isinstance(b, (bytes, bytearray)):
         raise TypeError(f"to_tensor takes bytes (or str); got {type(b).__name__}")
+    if len(b) == 0:
+        raise ValueError("to_tensor got empty text: there are no tokens to make (give at least "
+                         "one byte)")
     return torch.frombuffer(bytearray(b), dtype=torch.uint8).long()
 
 
@@ -165,3 +179,77 @@ def topics_split() -> tuple[str, str]:
     positions evaluate, each part joined with blank lines (lesson 04; used by lessons 05-08, 11)."""
     items = list(topics().values())
     return TOPIC_SEPARATOR.join(items[0::2]), TOPIC_SEPARATOR.join(items[1::2])
+
+
+# ----------------------------------------------------------------------------- overlap
+def _check_run(run) -> int:
+    if isinstance(run, bool) or not isinstance(run, int) or run < 1:
+        raise ValueError(f"run must be a whole number of characters >= 1 (100 by default); "
+                         f"got {run!r}")
+    return run
+
+
+@functools.lru_cache(maxsize=4)
+def _runs(reference: str, run: int) -> frozenset:
+    """Every run of ``run`` consecutive characters of ``reference`` (built once per text)."""
+    return frozenset(reference[i:i + run] for i in range(len(reference) - run + 1))
+
+
+def overlap_mask(text: str, reference: str, run: int = 100) -> torch.Tensor:
+    """(len(text),) bool: True for each character of ``text`` that lies inside some run of
+    ``run`` consecutive characters also found, verbatim, in ``reference`` (lesson 05)."""
+    run = _check_run(run)
+    for v, what in ((text, "text"), (reference, "reference")):
+        if not isinstance(v, str):
+            raise TypeError(f"{what} must be a str (decode bytes first); got {type(v).__name__}")
+    if not text:
+        raise ValueError("text is empty: there is nothing whose overlap to measure")
+    mask = torch.zeros(len(text), dtype=torch.bool)
+    if len(text) < run or len(reference) < run:
+        return mask
+    seen = _runs(reference, run)
+    starts = torch.tensor([text[i:i + run] in seen for i in range(len(text) - run + 1)])
+    if bool(starts.any()):
+        # character c is covered when a matching run starts in (c - run, c]
+        cover = torch.cumsum(torch.nn.functional.pad(starts.int(), (0, run - 1)), 0)
+        cover = cover - torch.nn.functional.pad(cover, (run, 0))[:len(cover)]
+        mask = cover > 0
+    return mask
+
+
+def verbatim_overlap(text: str, reference: str, run: int = 100) -> float:
+    """Share of the characters of ``text`` inside a run of ``run`` characters that occurs
+    verbatim in ``reference`` (0: nothing shared, 1: all of it) (lesson 05)."""
+    return float(overlap_mask(text, reference, run).float().mean())
+
+
+def topics_overlap(run: int = 100) -> float:
+    """:func:`verbatim_overlap` of the evaluation half of :func:`topics_split` against its
+    calibration half (lesson 05 states it)."""
+    calib, evaluation = topics_split()
+    return verbatim_overlap(evaluation, calib, run)
+
+
+def overlap_free_windows(window_texts, reference: str, n: int, run: int = 100,
+                         max_overlap: float = 0.0) -> list[int]:
+    """Indices of the first ``n`` windows whose text shares at most ``max_overlap`` of its
+    characters with ``reference`` in runs of ``run`` characters (lesson 05; the check that a
+    ranking of methods does not depend on text the calibration has seen).
+
+    window_texts: one decoded string per evaluation window, in order."""
+    run = _check_run(run)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a whole number of windows >= 1; got {n!r}")
+    if not (isinstance(max_overlap, (int, float)) and 0 <= max_overlap <= 1):
+        raise ValueError(f"max_overlap is a fraction in [0, 1] (0.05 for 5%, not 5); got "
+                         f"{max_overlap!r}")
+    window_texts = list(window_texts)
+    if not window_texts:
+        raise ValueError("window_texts is empty: pass one decoded string per evaluation window")
+    free = [i for i, t in enumerate(window_texts)
+            if verbatim_overlap(t, reference, run) <= max_overlap]
+    if len(free) < n:
+        raise ValueError(f"only {len(free)} of {len(window_texts)} windows share at most "
+                         f"{max_overlap:.0%} of their text with the reference; asked for {n}: "
+                         f"allow more overlap or use shorter windows")
+    return free[:n]

@@ -96,3 +96,23 @@ def test_capture_and_stats_refuse_bad_input():
         A.channel_stats({"x": torch.tensor([[1.0, float("nan")]])})
     with pytest.raises(ValueError, match="at least one token"):
         A.channel_stats({"x": torch.zeros(0, 4)})
+
+
+# ---- bad input: clear errors naming the problem and the expected value (issue 19 item 8) -----
+@pytest.mark.parametrize("call, match", [
+    (lambda: A.capture_linear_inputs(nn.Sequential(nn.Linear(4, 2)), [1, 2]), "must be a torch tensor"),
+    (lambda: A.capture_linear_inputs(nn.Sequential(nn.Linear(4, 2)), torch.zeros(0, 4)),
+     "ids is empty"),
+    (lambda: A.capture_linear_inputs(nn.Sequential(nn.Linear(4, 2)), torch.ones(2, 4), batch_size=0),
+     "batch_size must be a whole number >= 1"),
+    (lambda: A.capture_linear_inputs(nn.Sequential(nn.Linear(4, 2)), torch.ones(2, 4),
+                                     names=["nope"]), r"no Linear named \['nope'\]"),
+    (lambda: A.channel_stats({"a": torch.tensor([[1.0, float("nan")]])}), "NaN or inf"),
+    (lambda: A.channel_stats({"a": torch.ones(0, 3)}), "at least one token"),
+    (lambda: A.outlier_channels(torch.ones(4), ratio=0), "ratio must be positive"),
+    (lambda: A.outlier_channels(torch.tensor([1.0, -2.0])), "did you pass x.amax"),
+    (lambda: A.outlier_channels(torch.ones(2, 3)), "non-empty 1-D tensor"),
+])
+def test_bad_input_is_named(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()

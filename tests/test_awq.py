@@ -62,7 +62,7 @@ def test_search_scale_picks_the_alpha_with_the_smallest_error_and_restores_weigh
     lin = torch.nn.Linear(64, 32, bias=False)
     w0 = lin.weight.data.clone()
     s, alpha, errors = awq.search_scale([lin], awq.channel_magnitude(x), lambda: lin(x),
-                                        3, 32, grid=10)
+                                        3, 32, n_grid=10)
     assert torch.equal(lin.weight.data, w0)
     assert len(errors) == 10 and errors[0][0] == 0.0
     assert alpha == min(errors, key=lambda e: e[1])[0] and alpha > 0
@@ -156,3 +156,81 @@ def test_scales_and_group_rounding_refuse_bad_input():
     for bits in (0, 1, 9, 4.0):          # bits 0 rounded every weight to -0 before
         with pytest.raises(ValueError, match="bits must be a whole number from 2 to 8"):
             cal.fake_quant(torch.randn(4, 32), bits, 32)
+
+
+# ----------------------------------------------------------------------------- o_proj, options
+def test_o_proj_scale_folds_into_v_proj_under_grouped_query_attention(model):
+    cfg = model.config
+    g = torch.Generator().manual_seed(3)
+    n_value = cfg.num_key_value_heads * cfg.head_dim
+    scales = [{"out": torch.rand(n_value, generator=g) * 4 + 0.25} for _ in model.model.layers]
+    ids = cal.calibration_ids("bundled", 2, 64)
+    with torch.no_grad():
+        assert torch.allclose(awq.scale_model(model, scales)(ids), model(ids), atol=1e-3)
+    expand = awq.kv_expand(cfg.num_key_value_heads, cfg.num_attention_heads, cfg.head_dim)
+    s = torch.arange(1.0, n_value + 1)
+    e = expand(s).view(cfg.num_attention_heads, cfg.head_dim)
+    rep = cfg.num_attention_heads // cfg.num_key_value_heads
+    assert torch.equal(e[0], s[:cfg.head_dim]) and torch.equal(e[rep - 1], s[:cfg.head_dim])
+    assert torch.equal(e[rep], s[cfg.head_dim:2 * cfg.head_dim])       # query head rep: KV head 1
+
+
+def test_awq_with_o_proj_scaled_logs_it_and_effective_weights_undo_it(model):
+    ids = cal.calibration_ids("bundled", 2, 64)
+    log = []
+    qm, _ = awq.awq_model(model, ids, 4, 32, n_blocks=1, log=log, scale_o_proj=True, n_grid=4)
+    assert set(log[0]) == {"attn", "out", "mlp", "down"}
+    eff = awq.effective_weights(qm.model.layers[0], log[0])
+    for name in ("self_attn.o_proj", "self_attn.v_proj"):
+        W0 = model.model.layers[0].get_submodule(name).weight
+        assert (eff[name] - W0).norm() < 0.2 * W0.norm(), name
+
+
+def test_awq_options_run_and_differ(model):
+    ids = cal.calibration_ids("bundled", 4, 128)
+    a, _ = awq.awq_model(model, ids, 3, 128, n_grid=4, n_blocks=2)
+    b, _ = awq.awq_model(model, ids, 3, 128, n_grid=4, n_blocks=2, inputs="fp")
+    z, _ = awq.awq_model(model, ids, 3, 128, n_grid=4, n_blocks=1, symmetric=False)
+    assert torch.equal(a.model.layers[0].mlp.up_proj.codes, b.model.layers[0].mlp.up_proj.codes)
+    assert not torch.equal(a.model.layers[1].mlp.up_proj.codes, b.model.layers[1].mlp.up_proj.codes)
+    assert z.model.layers[0].mlp.up_proj.zero is not None
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda: awq.channel_magnitude(torch.tensor([[1.0, float("nan")]])), ValueError, "NaN or inf"),
+    (lambda: awq.channel_magnitude(torch.ones(0, 4)), ValueError, "no activations"),
+    (lambda: awq.salient_channels(torch.ones(4, 8), torch.ones(3, 8), by="size"), ValueError,
+     "by must be one of"),
+    (lambda: awq.salient_channels(torch.ones(4, 8), torch.ones(3, 8), frac=0), ValueError,
+     "frac must be in"),
+    (lambda: awq.salient_channels(torch.ones(4, 8), torch.ones(3, 6)), ValueError,
+     "6 channels but W has 8 inputs"),
+    (lambda: awq.keep_salient(torch.ones(4, 32), torch.tensor([40]), 3, 32), ValueError,
+     "outside 0..31"),
+    (lambda: awq.search_scale([torch.nn.Linear(8, 2)], torch.ones(8), lambda: 0, 4, 8,
+                              n_grid=0), ValueError, "n_grid"),
+    (lambda: awq.folded(torch.ones(3), [torch.ones(2, 3)], torch.tensor([1.0, 0.0, 2.0])),
+     ValueError, "finite and > 0"),
+    (lambda: awq.folded(torch.ones(3), [torch.ones(2, 4)], torch.ones(3)), ValueError,
+     "must match"),
+    (lambda: awq.fold_scale(torch.nn.ReLU(), [torch.nn.Linear(3, 2)], torch.ones(3)), TypeError,
+     "cannot fold"),
+    (lambda: awq.fold_scale(torch.nn.Linear(2, 3), [torch.nn.Linear(3, 2)],
+                            torch.tensor([1.0, -1.0, 1.0])), ValueError, "scales > 0"),
+    (lambda: awq.kv_expand(3, 8, 4), ValueError, "multiple of n_kv_heads"),
+    (lambda: awq.kv_expand(2, 8, 4)(torch.ones(7)), ValueError, "8 entries"),
+    (lambda: awq.search_clip(torch.ones(4, 32), torch.ones(5, 16), 4, 32), ValueError,
+     "16 channels but W has 32"),
+    (lambda: awq.search_clip(torch.ones(4, 32), torch.ones(5, 32), 4, 32, max_shrink=1.0),
+     ValueError, "max_shrink"),
+    (lambda: awq.search_clip(torch.ones(4, 32), torch.ones(5, 32), 4, 32, n_grid=0),
+     ValueError, "n_grid"),
+])
+def test_awq_functions_refuse_bad_input(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_awq_model_refuses_unknown_inputs_before_any_work(model):
+    with pytest.raises(ValueError, match="inputs must be one of"):
+        awq.awq_model(model, cal.calibration_ids("bundled", 2, 64), 4, 32, inputs="fp32")

@@ -232,3 +232,79 @@ def test_block_hessians_equal_each_linears_own_inputs(model):
         for name, H in Hs.items():
             assert torch.allclose(H, gptq.hessian(acts[f"model.layers.0.{name}"]),
                                   rtol=1e-4, atol=1e-4), name
+
+
+# ----------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda: gptq.hessian(torch.tensor([[1.0, float("nan")]])), ValueError, "NaN or inf"),
+    (lambda: gptq.hessian(torch.ones(4)), ValueError, r"\(tokens, in_features\)"),
+    (lambda: gptq.hessian(torch.ones(2, 3, 4)), ValueError, r"\(tokens, in_features\)"),
+    (lambda: gptq.hessian([[1.0, 2.0]]), TypeError, "torch tensor"),
+    (lambda: gptq.accumulate_hessian(torch.eye(4), 10, torch.ones(3, 5)), ValueError,
+     "do not match the running H"),
+    (lambda: gptq.dampen(torch.ones(3, 4)), ValueError, "must be square"),
+    (lambda: gptq.dampen(torch.full((2, 2), float("nan"))), ValueError, "NaN or inf"),
+    (lambda: gptq.dampen(torch.eye(3), float("nan")), ValueError, "damp must be >= 0"),
+    (lambda: gptq.dampen(torch.eye(3), "0.01"), ValueError, "damp must be >= 0"),
+    (lambda: gptq.inverse_cholesky(torch.ones(3, 4)), ValueError, "must be square"),
+    (lambda: gptq.inverse_cholesky(-torch.eye(3)), ValueError, "not positive definite"),
+    (lambda: gptq.gptq_plain(torch.ones(4, 8), torch.eye(6), 4, 4), ValueError,
+     r"W must be \(out, in\) and U \(in, in\)"),
+    (lambda: gptq.gptq_quantize(torch.ones(4, 8), torch.eye(6), 4, 4), ValueError,
+     r"W must be \(out, in\) and H \(in, in\)"),
+    (lambda: gptq.gptq_quantize(torch.ones(4, 8), torch.eye(8), 4, 3), ValueError,
+     "does not divide"),
+    (lambda: gptq.output_error(torch.ones(4, 8), torch.ones(4, 6), torch.ones(2, 8)), ValueError,
+     "must match"),
+    (lambda: gptq.benchmark_layer(64, 100, 64, warmup=False), ValueError, "multiple of batch"),
+])
+def test_gptq_functions_refuse_bad_input(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_model_level_calls_refuse_bad_input(model):
+    ids = cal.calibration_ids("bundled", 2, 64)
+    with pytest.raises(TypeError, match="LlamaModel"):
+        cal.quantize_blockwise(torch.nn.Linear(2, 2), ids, lambda *a: None)
+    with pytest.raises(ValueError, match=r"\(windows, tokens\)"):
+        gptq.gptq_model(model, ids[0], 4, 32)
+    with pytest.raises(ValueError, match="inputs must be one of"):
+        cal.quantize_blockwise(model, ids, lambda *a: None, inputs="float")
+    with pytest.raises(TypeError, match="quantize_linear must be a function"):
+        gptq.gptq_model(model, ids, 4, 32, quantize_linear="plain")
+    with pytest.raises(ValueError, match="holds only"):
+        cal.calibration_ids("bundled", 10 ** 6, 256)
+    with pytest.raises(ValueError, match="unknown model"):
+        cal.calibration_ids("llama")
+
+
+def test_the_per_linear_hook_replaces_each_linear_with_what_it_returns(model):
+    ids = cal.calibration_ids("bundled", 4, 256)
+    seen = []
+
+    def step(lin, H):
+        seen.append(H.shape)
+        return gptq.gptq_linear(lin, H, 4, 32)
+
+    qm, _ = gptq.gptq_model(model, ids, 4, 32, quantize_linear=step, n_blocks=1)
+    ref, _ = gptq.gptq_model(model, ids, 4, 32, n_blocks=1)
+    assert len(seen) == 7
+    for name in cal.linears(model.model.layers[0]):
+        a = qm.model.layers[0].get_submodule(name)
+        assert torch.equal(a.codes, ref.model.layers[0].get_submodule(name).codes), name
+
+
+def test_full_precision_inputs_feed_each_block_the_unquantized_outputs(model):
+    seen = []
+
+    def record(block, x, cos, sin):
+        seen.append(x.clone())
+        for name, lin in cal.linears(block).items():
+            cal.replace(block, name, cal.rtn_linear(lin, 2, 128))
+
+    ids = cal.calibration_ids("bundled", 2, 64)
+    cal.quantize_blockwise(model, ids, record, inputs="fp", n_blocks=2)
+    cos, sin = model.rope(0, 64)
+    fp = model.model.layers[0](model.model.embed_tokens(ids), cos, sin)
+    assert torch.allclose(seen[1], fp, atol=1e-5)

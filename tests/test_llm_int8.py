@@ -5,6 +5,7 @@ import torch.nn as nn
 
 from course_lib import quant
 from course_lib.methods import llm_int8 as L
+from course_lib.methods import llm_int8
 
 
 def _xw(M=16, N=24, K=48, seed=0, scale=1.0):
@@ -159,3 +160,52 @@ def test_decomposition_cost():
     assert c["bytes_ratio"] > 1.5     # the fp32 partial output dominates at large M
     with pytest.raises(ValueError, match="n_outliers"):
         L.decomposition_cost(1, 8, 8, 9)
+
+
+# ---- bad input: clear errors naming the problem and the expected value (issue 19 item 8) -----
+def _nan(shape=(3, 4)):
+    x = torch.ones(*shape)
+    x[1, 2] = float("nan")
+    return x
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: llm_int8.quantize_rows(_nan()), "NaN"),
+    (lambda: llm_int8.quantize_rows(torch.ones(4)), r"2-D floating-point tensor \(rows, K\)"),
+    (lambda: llm_int8.outlier_columns(_nan(), 6.0), "NaN or inf"),
+    (lambda: llm_int8.outlier_columns(torch.ones(2, 3), 0.0), "positive magnitude such as 6.0"),
+    (lambda: llm_int8.vectorwise_int8_matmul(torch.ones(2, 3), torch.ones(4, 5)),
+     "x has 3 features but w expects 5"),
+    (lambda: llm_int8.vectorwise_int8_matmul(_nan(), torch.ones(2, 4)), "NaN or inf"),
+    (lambda: llm_int8.int8_matmul_int32(torch.ones(2, 3), torch.ones(2, 3)), "int8 codes"),
+    (lambda: llm_int8.mixed_int8_matmul(torch.ones(2, 3), torch.ones(4, 5, dtype=torch.int8),
+                                        torch.ones(4)), r"w_q must be int8 codes \(N, 3\)"),
+    (lambda: llm_int8.mixed_int8_matmul(torch.ones(2, 3), torch.ones(4, 3, dtype=torch.int8),
+                                        torch.ones(3)), r"one scale per output channel \(4\)"),
+    (lambda: llm_int8.mixed_int8_matmul(torch.ones(2, 3), torch.ones(4, 3, dtype=torch.int8),
+                                        torch.tensor([1.0, 0.0, 1.0, 1.0])), "positive, finite scales"),
+    (lambda: llm_int8.mixed_int8_matmul(_nan((2, 3)), torch.ones(4, 3, dtype=torch.int8),
+                                        torch.ones(4)), "NaN"),
+    (lambda: llm_int8.mixed_int8_matmul(torch.ones(2, 3), torch.ones(4, 3, dtype=torch.int8),
+                                        torch.ones(4), outliers="half"), "outliers must be one of"),
+    (lambda: llm_int8.threshold_report({"a": _nan()}), "NaN or inf"),
+    (lambda: llm_int8.threshold_report({}), "non-empty dict"),
+    (lambda: llm_int8.systematic_features({"a": torch.ones(3, 4)}, 6.0, 25),
+     r"min_layer_fraction is a fraction in \[0, 1\] \(0.25 for 25%"),
+    (lambda: llm_int8.systematic_features({"a": torch.ones(3, 4)}, 6.0, 0.25, 6),
+     r"min_token_fraction is a fraction in \[0, 1\] \(0.06 for 6%"),
+    (lambda: llm_int8.systematic_features({"a": torch.ones(3, 4), "b": torch.ones(3, 5)}),
+     "different widths"),
+    (lambda: llm_int8.decomposition_cost(1, 8, 8, 9), r"n_outliers must be a whole number of columns in 0..K=8"),
+    (lambda: llm_int8.decomposition_cost(1, 8, 8, 2.5), "n_outliers must be a whole number"),
+    (lambda: llm_int8.decomposition_cost(0, 8, 8, 1), "M must be a positive integer"),
+    (lambda: llm_int8.ZeroFeaturesLinear(torch.nn.Linear(4, 2), [4]), r"indices in 0..3"),
+    (lambda: llm_int8.zero_features(torch.nn.Linear(4, 2), {}), "columns is empty"),
+    (lambda: llm_int8.eval_windows(object()), "must be a course_lib.eval.Reference"),
+    (lambda: llm_int8.Int8Linear(torch.nn.Linear(4, 2))(torch.ones(2, 8)),
+     "input has 8 features but this layer expects 4"),
+    (lambda: llm_int8.Int8Linear(torch.nn.Linear(4, 2), threshold=-1), "positive magnitude"),
+])
+def test_bad_input_is_named(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()

@@ -105,3 +105,44 @@ def test_smollm2_calibration_windows_share_no_passage_with_the_scored_windows():
     scored = {tuple(ev[i:i + n]) for i in range(len(ev) - n + 1)}
     for w in ids.tolist():
         assert not any(tuple(w[i:i + n]) in scored for i in range(len(w) - n + 1))
+
+
+# ----------------------------------------------------------------------------- variants, bad input
+def test_a_variant_table_holds_only_its_methods_and_names_its_options(monkeypatch, tmp_path):
+    measured = []
+    monkeypatch.setattr(table, "load_model", lambda name: (None, lambda m, n, w: _Ref()))
+    monkeypatch.setattr(table.cal, "calibration_ids", lambda *a, **k: torch.zeros(1, 1))
+
+    def fake_row(model, ref, m, ids, bits, gs, n_blocks=None, progress=False, **options):
+        measured.append((m, bits, gs, tuple(sorted(options.items()))))
+        return {"method": m, "bits": bits, "group_size": gs, "kl_nats": 0.5, "seconds": 1.0}
+
+    monkeypatch.setattr(table, "row", fake_row)
+    monkeypatch.setattr(table, "slice_rows", lambda *a, **k: {"rows": [], **k})
+    out = table.write_table("bundled", tmp_path / "v.json", progress=False,
+                            methods=("gptq",), grid="llm-compressor", group_sizes=(32,))
+    assert measured == [("gptq", 4, 32, (("grid", "llm-compressor"),)),
+                        ("gptq", 3, 32, (("grid", "llm-compressor"),))]
+    assert out["options"] == {"grid": "llm-compressor"} and "absmax/7.5" in out["convention"]
+    assert table.results_path("smollm2", "llm-compressor").name == \
+        "methods_smollm2_llm-compressor.json"
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda: table.load_table("opt"), ValueError, "unknown model"),
+    (lambda: table.find([], "gptq", 4, 32), KeyError, "no row gptq W4 g32"),
+    (lambda: table.quantize(None, "smoothquant", None, 4, 32), ValueError, "unknown method"),
+    (lambda: table.results_path("bundled", "../x"), ValueError, "tag must be"),
+    (lambda: table._parse_option("inputs"), ValueError, "key=value"),
+    (lambda: table.write_table("bundled", grid="q8_0"), ValueError, "unknown grid"),
+    (lambda: table.load_model("opt"), ValueError, "unknown model"),
+])
+def test_table_functions_refuse_bad_input(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_options_parse_to_python_values():
+    assert table._parse_option("symmetric=False") == ("symmetric", False)
+    assert table._parse_option("n_grid=10") == ("n_grid", 10)
+    assert table._parse_option("inputs=fp") == ("inputs", "fp")

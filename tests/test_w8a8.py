@@ -94,3 +94,53 @@ def test_bundled_model_dynamic_per_token_beats_static():
     assert w8["kl_nats"] < dyn["kl_nats"] < static["kl_nats"]
     # smoothing the tiny model moves static per-tensor KL by ~10% either way (lesson 08)
     assert 0.5 < smooth["kl_nats"] / static["kl_nats"] < 1.5
+
+
+# ---- bad input: clear errors naming the problem and the expected value (issue 19 item 8) -----
+def _nan(shape=(3, 4)):
+    x = torch.ones(*shape)
+    x[1, 2] = float("nan")
+    return x
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: w8a8.quantize_activations(_nan()), "NaN or inf"),
+    (lambda: w8a8.quantize_activations(_nan(), "fp8_e4m3"), "NaN or inf"),
+    (lambda: w8a8.quantize_activations(torch.ones(2, 3), "int4"), "fmt must be one of"),
+    (lambda: w8a8.quantize_activations(torch.ones(2, 3), act="per_block"), "act must be one of"),
+    (lambda: w8a8.quantize_activations(torch.ones(2, 3), act="static_per_tensor"),
+     "positive, finite static_scale"),
+    (lambda: w8a8.quantize_activations(torch.ones(2, 3), "int8", "static_per_tensor", -0.1),
+     "positive, finite static_scale"),
+    (lambda: w8a8.quantize_weight(torch.ones(4)), r"2-D floating-point weight \(N, K\)"),
+    (lambda: w8a8.w8a8_matmul(torch.ones(2, 3, dtype=torch.int8), torch.ones(2),
+                              torch.ones(4, 5, dtype=torch.int8), torch.ones(4)),
+     r"same K; got \(2, 3\) and \(4, 5\)"),
+    (lambda: w8a8.w8a8_matmul(torch.ones(2, 3), torch.ones(2),
+                              torch.ones(4, 3, dtype=torch.int8), torch.ones(4)), "int8 or both"),
+    (lambda: w8a8.w8a8_matmul(torch.ones(2, 3, dtype=torch.int8), torch.ones(3),
+                              torch.ones(4, 3, dtype=torch.int8), torch.ones(4)),
+     r"xs must be \(2,\)"),
+    (lambda: w8a8.W8A8Linear(nn.Linear(4, 2))(torch.ones(3, 6)),
+     "input has 6 features but this layer expects 4"),
+    (lambda: w8a8.W8A8Linear(nn.Linear(4, 2), act="static_per_tensor"), "act_absmax > 0"),
+    (lambda: w8a8.W8A8Linear(nn.Linear(4, 2), act="static_per_tensor", act_absmax=float("nan")),
+     "act_absmax > 0"),
+    (lambda: w8a8.quantize_model_w8a8(nn.Sequential(nn.Linear(4, 2)), act_absmax=[1.0]),
+     "act_absmax must be a dict"),
+    (lambda: w8a8.quantize_model_w8a8(nn.Sequential(nn.Linear(4, 2)), act="static_per_tensor"),
+     "static_per_tensor needs act_absmax"),
+    (lambda: w8a8.build_variant(None, None, "w4a4", "int8", None, None), "unknown kind"),
+    (lambda: w8a8.alpha_sweep(None, None, None, [0.5], extra=("lm_head",)), "extra must name groups"),
+])
+def test_bad_input_is_named(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
+
+
+def test_a_nan_activation_never_becomes_a_finite_code():
+    layer = w8a8.W8A8Linear(nn.Linear(4, 2))
+    x = torch.ones(2, 4)
+    x[0, 1] = float("nan")
+    with pytest.raises(ValueError, match="NaN or inf"):
+        layer(x)

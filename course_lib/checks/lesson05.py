@@ -27,7 +27,17 @@ def _rows_cases():
         Case((_x(3, 16, 1) * 1e-4,), label="tiny values: the scale shrinks with them"),
         Case((planted,), label="a planted outlier column sets every row's scale"),
         Case((_x(4, 1, 2),), label="one feature per row: every code is +-127"),
+        Case((torch.tensor([[127.0, 0.5, 1.5, 2.5, -0.5, -2.5, 3.5]]),),
+             label="exact ties (scale 1): round half to even, 0.5 -> 0, 2.5 -> 2, 3.5 -> 4"),
+        Case((_x(5, 12, 7).double(),), label="float64 input: the scale is still float32"),
+        Case((_nan_rows(),), label="a NaN in x: raise ValueError", raises=ValueError),
     ]
+
+
+def _nan_rows():
+    x = _x(3, 8, 8)
+    x[1, 4] = float("nan")
+    return x
 
 
 def _wrong_rows_128(x):                                  # divided by 128, not 127
@@ -54,6 +64,24 @@ def _wrong_rows_zero_scale(x):                           # an all-zero row gets 
     return q, s
 
 
+def _wrong_rows_half_up(x):                              # ties rounded up, not to even
+    s = x.abs().amax(1) / 127
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    return torch.floor(x / s[:, None] + 0.5).clamp(-127, 127).to(torch.int8), s.float()
+
+
+def _wrong_rows_input_dtype(x):                          # the scale in x's dtype
+    s = x.abs().amax(1) / 127
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    return torch.round(x / s[:, None]).clamp(-127, 127).to(torch.int8), s
+
+
+def _wrong_rows_nan_passes(x):                           # NaN -> code 0, silently
+    s = x.abs().nan_to_num(0).amax(1) / 127
+    s = torch.where(s == 0, torch.ones_like(s), s).float()
+    return torch.round(x.nan_to_num(0) / s[:, None]).clamp(-127, 127).to(torch.int8), s
+
+
 register(Exercise(
     id="05.quantize_rows",
     title="INT8 with one absmax scale per row (per token / per output channel)",
@@ -64,8 +92,10 @@ register(Exercise(
           "scale = x.abs().amax(dim=1) / 127, replaced by 1.0 where it is 0; "
           "q = round(x / scale[:, None]) clamped to [-127, 127], as int8.",
           "torch.round rounds halves to even, as the reference does. Return (q, scale) with "
-          "q int8 (rows, K) and scale float32 (rows,)."],
-    wrong=[_wrong_rows_128, _wrong_rows_columns, _wrong_rows_truncate, _wrong_rows_zero_scale],
+          "q int8 (rows, K) and scale float32 (rows,), whatever x's dtype; raise ValueError "
+          "when x holds NaN or inf (torch.isfinite)."],
+    wrong=[_wrong_rows_128, _wrong_rows_columns, _wrong_rows_truncate, _wrong_rows_zero_scale,
+           _wrong_rows_half_up, _wrong_rows_input_dtype, _wrong_rows_nan_passes],
     rtol=1e-6, atol=0,
 ))
 
@@ -87,6 +117,8 @@ def _cols_cases():
         Case((row_outlier, 6.0), label="one token crossing everywhere: every column"),
         Case((x, 0.0), label="threshold 0: raise ValueError", raises=ValueError),
         Case((x, -6.0), label="a negative threshold: raise ValueError", raises=ValueError),
+        Case((x, float("nan")), label="a NaN threshold: raise ValueError", raises=ValueError),
+        Case((_nan_rows(), 6.0), label="a NaN in x: raise ValueError", raises=ValueError),
     ]
 
 
@@ -114,6 +146,18 @@ def _wrong_cols_mask(x, threshold=6.0):                  # a boolean mask, not i
     return (x.abs() >= threshold).any(0)
 
 
+def _wrong_cols_nan_threshold(x, threshold=6.0):         # `threshold <= 0` lets NaN through
+    if threshold <= 0 or not bool(torch.isfinite(x).all()):
+        raise ValueError("threshold must be positive and x finite")
+    return torch.nonzero((x.abs() >= threshold).any(0)).flatten()
+
+
+def _wrong_cols_nan_x(x, threshold=6.0):                 # a NaN column silently stays INT8
+    if not threshold > 0:
+        raise ValueError("threshold must be positive")
+    return torch.nonzero((x.abs() >= threshold).any(0)).flatten()
+
+
 register(Exercise(
     id="05.outlier_columns",
     title="the columns that go through the 16-bit matmul",
@@ -122,9 +166,10 @@ register(Exercise(
     hint=["A feature column is an outlier column if *any* token has a magnitude at or above "
           "the threshold there. Which dimension of x (tokens, features) do you reduce over?",
           "(x.abs() >= threshold).any(dim=0) is a (features,) mask; turn it into ascending "
-          "int64 indices with torch.nonzero(mask).flatten(). Raise ValueError for "
-          "threshold <= 0."],
-    wrong=[_wrong_cols_strict, _wrong_cols_rows, _wrong_cols_no_abs, _wrong_cols_mask],
+          "int64 indices with torch.nonzero(mask).flatten(). Raise ValueError unless "
+          "threshold > 0 (NaN is not), and when x holds NaN or inf."],
+    wrong=[_wrong_cols_strict, _wrong_cols_rows, _wrong_cols_no_abs, _wrong_cols_mask,
+           _wrong_cols_nan_threshold, _wrong_cols_nan_x],
 ))
 
 
@@ -144,6 +189,12 @@ def _mixed_cases():
     all_out = all_out.sign() * (all_out.abs() + 7)
     w_q, ws = llm_int8.quantize_rows(_x(4, 6, 10))
     refused = _mixed_case(4, 6, 16, 4)
+    zero_row = _x(4, 10, 11)
+    zero_row[:, 3] = 30.0
+    zero_row[2] = 0.0                                      # a padding token
+    w_q8, ws8 = llm_int8.quantize_rows(_x(5, 10, 12))
+    nan_x = refused.args[0].clone()
+    nan_x[1, 2] = float("nan")
     return [
         _mixed_case(8, 12, 32, 0, (), "no outliers: plain vector-wise INT8"),
         _mixed_case(8, 12, 32, 1, (3,), "one planted outlier feature"),
@@ -152,6 +203,11 @@ def _mixed_cases():
                     threshold=1.5),
         Case((all_out, w_q, ws, 6.0), label="every column crosses: all 16-bit"),
         Case(refused.args[:3] + (0.0,), label="threshold 0: raise ValueError", raises=ValueError),
+        Case((zero_row, w_q8, ws8, 6.0), label="a token that is all zeros (and an outlier column)"),
+        Case((refused.args[0].double(),) + refused.args[1:3] + (6.0,),
+             label="float64 x: the result is float32"),
+        Case((nan_x,) + refused.args[1:3] + (6.0,), label="a NaN in x: raise ValueError",
+             raises=ValueError),
     ]
 
 
@@ -186,6 +242,20 @@ def _wrong_mixed_raw_weight(x, w_q, w_scale, threshold=6.0):  # 16-bit part with
     return y + x[:, cols] @ w_q[:, cols].float().T
 
 
+def _wrong_mixed_zero_row(x, w_q, w_scale, threshold=6.0):    # all-zero token: 0/0 = NaN
+    cols = llm_int8.outlier_columns(x, threshold)
+    keep = torch.ones(x.shape[1], dtype=torch.bool)
+    keep[cols] = False
+    s = x[:, keep].abs().amax(1) / 127
+    xq = torch.round(x[:, keep] / s[:, None]).clamp(-127, 127)
+    y = (xq.double() @ w_q[:, keep].double().T).float() * s[:, None] * w_scale[None, :]
+    return y + x[:, cols] @ (w_q[:, cols].float() * w_scale[:, None]).T
+
+
+def _wrong_mixed_input_dtype(x, w_q, w_scale, threshold=6.0):  # result in x's dtype
+    return llm_int8.mixed_int8_matmul(x, w_q, w_scale, threshold).to(x.dtype)
+
+
 register(Exercise(
     id="05.mixed_int8_matmul",
     title="LLM.int8()'s mixed-precision decomposition",
@@ -198,8 +268,9 @@ register(Exercise(
           "quantize_rows(x[:, keep]) -> (xq, xs); acc = xq @ w_q[:, keep].T in integers; "
           "scale by xs[:, None] * w_scale[None, :].",
           "16-bit side: x[:, cols] @ (w_q[:, cols].float() * w_scale[:, None]).T. Add the two; "
-          "return float32 (M, N). If every column crosses, the INT8 side is all zeros."],
+          "return float32 (M, N) whatever x's dtype. If every column crosses, the INT8 side is "
+          "all zeros; an all-zero token needs a scale of 1, not 0."],
     wrong=[_wrong_mixed_scale_all, _wrong_mixed_dropped, _wrong_mixed_twice,
-           _wrong_mixed_raw_weight],
+           _wrong_mixed_raw_weight, _wrong_mixed_zero_row, _wrong_mixed_input_dtype],
     rtol=1e-4, atol=1e-5,
 ))

@@ -8,6 +8,11 @@ from course_lib.methods import calibration as cal
 from course_lib.methods import gptq
 
 
+#: the shared harness rejects answers that change their inputs in place (a wrong answer of
+#: that kind is listed only where the harness can see it)
+_HARNESS_SEES_MUTATION = int("mutates" in getattr(Exercise, "__dataclass_fields__", {}))
+
+
 def _x(n, d, seed, spread=True):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d, generator=g)
@@ -26,13 +31,17 @@ def _hessian_cases():
         Case((x_dead,), label="an input that is always 0 (a dead input)"),
         Case((_x(1, 5, 1),), label="a single token"),
         Case((_x(300, 16, 2),), label="300 tokens: H must not grow with the number of tokens"),
+        Case((x.to(torch.bfloat16),), label="bfloat16 inputs: H must still be float32"),
+        Case((x.double(),), label="float64 inputs: H is float32 (the course accumulates in fp32)"),
         Case((torch.arange(4.0),), label="a 1-D vector: raise ValueError", raises=ValueError),
+        Case((torch.tensor([[1.0, float("nan")], [0.0, 1.0]]),),
+             label="a NaN in the inputs: raise ValueError (H would be NaN)", raises=ValueError),
     ]
 
 
 def _ok(x):
-    if x.dim() != 2:
-        raise ValueError("x must be (tokens, in)")
+    if x.dim() != 2 or not torch.isfinite(x).all():
+        raise ValueError("x must be (tokens, in), finite")
 
 
 def _wrong_h_no_two(x):           # forgot the factor 2 of the squared error's derivative
@@ -55,6 +64,18 @@ def _wrong_h_diag(x):             # only the diagonal (no correlations between i
     return torch.diag(2 * x.pow(2).mean(0))
 
 
+def _wrong_h_input_dtype(x):      # H in the inputs' dtype (bf16 loses the small entries)
+    _ok(x)
+    return 2 * x.T @ x / x.shape[0]
+
+
+def _wrong_h_nan_ok(x):           # lets a NaN through
+    if x.dim() != 2:
+        raise ValueError("x must be (tokens, in)")
+    x = x.float()
+    return 2 * x.T @ x / x.shape[0]
+
+
 register(Exercise(
     id="06.hessian",
     title="the Hessian of a layer's squared output error, H = 2 X X^T / N",
@@ -64,8 +85,10 @@ register(Exercise(
           "that row on both sides, and which dimension of x should it be over: tokens or inputs?",
           "x holds one token per row, so X (in, N) of the paper is x.T: H = 2 * x.T @ x, divided "
           "by the number of tokens so its size does not depend on N.",
-          "if x.dim() != 2: raise ValueError(...); return 2 * x.T @ x / x.shape[0]"],
-    wrong=[_wrong_h_no_two, _wrong_h_sum, _wrong_h_tokens, _wrong_h_diag],
+          "if x.dim() != 2 or not torch.isfinite(x).all(): raise ValueError(...); "
+          "x = x.float(); return 2 * x.T @ x / x.shape[0]"],
+    wrong=[_wrong_h_no_two, _wrong_h_sum, _wrong_h_tokens, _wrong_h_diag, _wrong_h_input_dtype,
+           _wrong_h_nan_ok],
     rtol=1e-4, atol=1e-5,
 ))
 
@@ -82,13 +105,32 @@ def _dampen_cases():
         Case((H, 0.01), label="a real H, 1% dampening"),
         Case((Hd, 0.01), label="input 2 is dead: its diagonal becomes 1 before dampening"),
         Case((H, 0.0), label="damp 0: only dead inputs change"),
+        Case((torch.zeros(3, 3), 0.01), label="every input dead: identity, then 1% of 1 added"),
+        Case((H.double(), 0.01), label="a float64 H stays float64"),
         Case((H, -0.1), label="negative damp: raise ValueError", raises=ValueError),
+        Case((H, float("nan")), label="damp NaN: raise ValueError", raises=ValueError),
     ]
 
 
 def _damp_check(damp):
+    if not damp >= 0:
+        raise ValueError("damp must be >= 0")
+
+
+def _wrong_damp_in_place(H, damp=0.01):      # changes the caller's H (no copy)
+    _damp_check(damp)
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1
+    return H + damp * torch.mean(torch.diag(H)) * torch.eye(H.shape[0], dtype=H.dtype)
+
+
+def _wrong_damp_nan_ok(H, damp=0.01):        # `damp < 0` lets NaN through
     if damp < 0:
         raise ValueError("damp must be >= 0")
+    H = H.clone()
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1
+    return H + damp * torch.mean(torch.diag(H)) * torch.eye(H.shape[0], dtype=H.dtype)
 
 
 def _wrong_damp_absolute(H, damp=0.01):      # damp * I, not relative to H's size
@@ -129,9 +171,11 @@ register(Exercise(
           "and too few tokens. What does each fix add, and to which entries?",
           "First, where diag(H) == 0 set that diagonal entry to 1. Then add damp times the mean "
           "of the diagonal to the diagonal only (torch.eye).",
-          "H = H.clone(); dead = torch.diag(H) == 0; H[dead, dead] = 1; "
-          "return H + damp * torch.diag(H).mean() * torch.eye(len(H))"],
-    wrong=[_wrong_damp_absolute, _wrong_damp_no_dead, _wrong_damp_all_mean, _wrong_damp_everywhere],
+          "if not damp >= 0: raise ValueError(...)  (this refuses NaN too); H = H.clone(); "
+          "dead = torch.diag(H) == 0; H[dead, dead] = 1; "
+          "return H + damp * torch.diag(H).mean() * torch.eye(len(H), dtype=H.dtype)"],
+    wrong=[_wrong_damp_absolute, _wrong_damp_no_dead, _wrong_damp_all_mean, _wrong_damp_everywhere,
+           _wrong_damp_nan_ok, *_HARNESS_SEES_MUTATION * [_wrong_damp_in_place]],
     rtol=1e-5, atol=1e-6,
 ))
 
@@ -151,25 +195,41 @@ def _U(d, seed):
     return gptq.inverse_cholesky(gptq.dampen(gptq.hessian(x), 0.01))
 
 
+def _U_correlated(d, seed, noise=0.3):
+    """U of inputs that all move together: GPTQ's corrections are large."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(400, 1, generator=g) + noise * torch.randn(400, d, generator=g)
+    return gptq.inverse_cholesky(gptq.dampen(gptq.hessian(x), 0.01))
+
+
 def _loop_cases():
     g = torch.Generator().manual_seed(7)
+    W_zero = torch.randn(3, 16, generator=g)
+    W_zero[1] = 0                                      # an all-zero row
     return [
         Case((torch.randn(4, 16, generator=g), _U(16, 1), 4, 8), label="4 x 16, INT4, groups of 8"),
         Case((torch.randn(8, 32, generator=g), _U(32, 2), 3, 16), label="8 x 32, INT3, groups of 16"),
         Case((torch.randn(6, 16, generator=g), torch.eye(16), 4, 16),
              label="U = I: no compensation, so it must equal round-to-nearest"),
         Case((torch.randn(3, 24, generator=g) * 5, _U(24, 3), 2, 8), label="INT2, larger weights"),
+        Case((torch.tensor([[7.0, 2.5, -0.5, 3.5, 1.5, -2.5, 0.5, 6.0]]), torch.eye(8), 4, 8),
+             label="U = I, scale 1: exact .5 ties round half to even (2.5 -> 2, 3.5 -> 4)"),
+        Case((W_zero, _U(16, 5), 4, 8), label="an all-zero row: scale 1, codes 0"),
+        Case((torch.randn(4, 16, generator=torch.Generator().manual_seed(9)),
+              _U_correlated(16, 9), 4, 16),
+             label="strongly correlated inputs: the corrections push a later column past 7 "
+                   "steps, and the codes must stay in -7..7"),
         Case((torch.randn(2, 16, generator=g), _U(16, 4), 4, 6),
              label="group size 6 does not divide 16: raise ValueError", raises=ValueError),
     ]
 
 
 def _loop(W, U, bits, gs, *, compensate=True, divide=True, use_col=False, static=False,
-          sign=-1.0):
+          sign=-1.0, lo=None, half_up=False, zero_guard=True, clone=True):
     if W.shape[1] % gs:
         raise ValueError("group size must divide the columns")
-    W = W.clone()
     W0 = W.clone()
+    W = W.clone() if clone else W
     qmax = 2 ** (bits - 1) - 1
     codes = torch.zeros(W.shape, dtype=torch.int8)
     scale = torch.zeros(W.shape[0], W.shape[1] // gs)
@@ -178,8 +238,10 @@ def _loop(W, U, bits, gs, *, compensate=True, divide=True, use_col=False, static
         if j % gs == 0:
             src = W0 if static else W
             s = src[:, j:j + gs].abs().amax(1) / qmax
-            scale[:, g] = torch.where(s == 0, torch.ones_like(s), s)
-        q = torch.clamp(torch.round(W[:, j] / scale[:, g]), -qmax, qmax)
+            scale[:, g] = torch.where(s == 0, torch.ones_like(s), s) if zero_guard else s
+        r = W[:, j] / scale[:, g]
+        r = torch.floor(r + 0.5) if half_up else torch.round(r)
+        q = torch.clamp(r, -qmax if lo is None else lo, qmax)
         codes[:, j] = q.to(torch.int8)
         err = W[:, j] - q * scale[:, g]
         if divide:
@@ -210,6 +272,22 @@ def _wrong_loop_static(W, U, bits=4, group_size=32):     # scales from the origi
     return _loop(W, U, bits, group_size, static=True)
 
 
+def _wrong_loop_clamp8(W, U, bits=4, group_size=32):     # clamps to -8..7, not -7..7
+    return _loop(W, U, bits, group_size, lo=-2 ** (bits - 1))
+
+
+def _wrong_loop_half_up(W, U, bits=4, group_size=32):    # floor(x + 0.5): ties go up
+    return _loop(W, U, bits, group_size, half_up=True)
+
+
+def _wrong_loop_zero_scale(W, U, bits=4, group_size=32): # an all-zero row keeps scale 0
+    return _loop(W, U, bits, group_size, zero_guard=False)
+
+
+def _wrong_loop_in_place(W, U, bits=4, group_size=32):   # forgot W.clone(): the caller's W
+    return _loop(W, U, bits, group_size, clone=False)     # receives the corrections
+
+
 register(Exercise(
     id="06.gptq_loop",
     title="GPTQ's inner loop: quantize a column, spread its error over the later columns",
@@ -220,9 +298,12 @@ register(Exercise(
           "At the first column of a group, scale = max|W[:, group]| / qmax of the columns *as "
           "they are now*. Quantize W[:, j]; err = (W[:, j] - q * scale) / U[j, j]; then "
           "W[:, j+1:] -= err[:, None] * U[j, j+1:][None, :] (row j of U, not column j).",
-          "qmax = 2**(bits-1) - 1; codes int8 = clamp(round(W[:, j] / s), -qmax, qmax); an "
-          "all-zero group gets scale 1; return (codes, scale) with scale (rows, n_groups)"],
+          "W = W.clone() first (the caller's W must not change); qmax = 2**(bits-1) - 1; codes "
+          "int8 = clamp(torch.round(W[:, j] / s), -qmax, qmax) (torch.round sends .5 ties to the "
+          "even level); an all-zero group gets scale 1; return (codes, scale), scale (rows, "
+          "n_groups)"],
     wrong=[_wrong_loop_rtn, _wrong_loop_no_divide, _wrong_loop_column, _wrong_loop_sign,
-           _wrong_loop_static],
+           _wrong_loop_static, _wrong_loop_clamp8, _wrong_loop_half_up, _wrong_loop_zero_scale,
+           *_HARNESS_SEES_MUTATION * [_wrong_loop_in_place]],
     rtol=1e-4, atol=1e-5,
 ))

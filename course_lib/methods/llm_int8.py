@@ -1,7 +1,8 @@
 """LLM.int8(): vector-wise INT8 matmul with a mixed-precision decomposition (lesson 05).
 
-Paper: T. Dettmers, M. Lewis, Y. Belkada, L. Zettlemoyer, "LLM.int8(): 8-bit Matrix
-Multiplication for Transformers at Scale", NeurIPS 2022.
+Paper: T. Dettmers, M. Lewis, Y. Belkada, L. Zettlemoyer,  # quotation: the paper's authors
+"LLM.int8(): 8-bit Matrix Multiplication for Transformers at Scale",  # quotation: the paper's title
+NeurIPS 2022.
 
 The pieces, in the order lesson 05 teaches them:
 
@@ -114,6 +115,9 @@ def outlier_columns(x: torch.Tensor, threshold: float = DEFAULT_THRESHOLD) -> to
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x must be a 2-D (tokens, features) tensor; got "
                          f"{tuple(getattr(x, 'shape', ()))}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("x holds NaN or inf: a NaN never compares >= threshold, so its column "
+                         "would silently stay in INT8; fix the activations first")
     return torch.nonzero((x.abs() >= threshold).any(dim=0)).flatten()  # (n_outliers,)
 
 
@@ -137,10 +141,13 @@ def mixed_int8_matmul(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
     if w_q.dtype != torch.int8 or w_q.dim() != 2 or w_q.shape[1] != x.shape[1]:
         raise ValueError(f"w_q must be int8 codes (N, {x.shape[1]}); got {w_q.dtype} "
                          f"{tuple(w_q.shape)} (make them with quantize_rows(w))")
-    ws = w_scale.reshape(-1).float()                                    # (N,)
+    ws = torch.as_tensor(w_scale).reshape(-1).float()                   # (N,)
     if ws.numel() != w_q.shape[0]:
         raise ValueError(f"w_scale must hold one scale per output channel ({w_q.shape[0]}); got "
-                         f"{w_scale.numel()}")
+                         f"{ws.numel()}")
+    if not bool(torch.isfinite(ws).all()) or bool((ws <= 0).any()):
+        raise ValueError("w_scale must hold positive, finite scales (max |row| / 127, or 1 for "
+                         "an all-zero row), as quantize_rows makes them")
     K = x.shape[1]
     if outliers == "int8":
         cols = torch.zeros(0, dtype=torch.long)
@@ -181,6 +188,9 @@ class Int8Linear(nn.Module):
         self.bias = linear.bias
 
     def forward(self, x):                                               # (..., in) -> (..., out)
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"input has {x.shape[-1]} features but this layer expects "
+                             f"{self.in_features} (in_features)")
         y = mixed_int8_matmul(x.reshape(-1, self.in_features), self.w_q, self.w_scale,
                               self.threshold, self.outliers)
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
@@ -204,10 +214,30 @@ def quantize_model_int8(model: nn.Module, threshold: float = DEFAULT_THRESHOLD,
 
 # ---------------------------------------------------------------------------- analysis
 
+def _check_acts(acts) -> None:
+    if not isinstance(acts, dict) or not acts:
+        raise ValueError("acts must be a non-empty dict {Linear name: (tokens, features) "
+                         "inputs}, e.g. from activations.capture_linear_inputs")
+    for name, x in acts.items():
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[0] == 0:
+            raise ValueError(f"{name}: inputs must be a (tokens, features) tensor with at least "
+                             f"one token; got {tuple(getattr(x, 'shape', ()))}")
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{name}: inputs hold NaN or inf (a NaN never crosses a threshold, "
+                             f"so it would be counted as small); check the model first")
+
+
+def _check_fraction(v, what: str, example: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+        raise ValueError(f"{what} is a fraction in [0, 1] ({example}, not a percent); got {v!r}")
+    return float(v)
+
+
 def threshold_report(acts: dict, threshold: float = DEFAULT_THRESHOLD) -> list[dict]:
     """Per Linear input (tokens, features): how many columns cross the threshold, on what
     fraction of the tokens, and which columns do most often (lesson 05)."""
     threshold = _check_threshold(threshold)
+    _check_acts(acts)
     rows = []
     for name, x in acts.items():                                         # x: (T, K)
         hit = x.abs() >= threshold                                       # (T, K)
@@ -233,6 +263,9 @@ def systematic_features(acts: dict, threshold: float = DEFAULT_THRESHOLD,
     fraction of layers, "tokens": mean token fraction where it crosses}}.
     """
     threshold = _check_threshold(threshold)
+    _check_acts(acts)
+    _check_fraction(min_layer_fraction, "min_layer_fraction", "0.25 for 25%")
+    _check_fraction(min_token_fraction, "min_token_fraction", "0.06 for 6%")
     widths = {x.shape[1] for x in acts.values()}
     if len(widths) != 1:
         raise ValueError(f"the inputs have different widths {sorted(widths)}: pass Linears "
@@ -252,8 +285,12 @@ class ZeroFeaturesLinear(nn.Module):
     def __init__(self, linear: nn.Linear, columns):
         super().__init__()
         self.weight, self.bias = linear.weight, linear.bias
+        cols = torch.as_tensor(columns, dtype=torch.long).reshape(-1)
+        if cols.numel() and (int(cols.min()) < 0 or int(cols.max()) >= linear.in_features):
+            raise ValueError(f"columns must be input feature indices in 0..{linear.in_features - 1}"
+                             f"; got {cols.tolist()[:8]}")
         mask = torch.ones(linear.in_features, dtype=linear.weight.dtype)
-        mask[torch.as_tensor(columns, dtype=torch.long)] = 0
+        mask[cols] = 0
         self.register_buffer("mask", mask)                               # (in,)
 
     def forward(self, x):                                                # (..., in) -> (..., out)
@@ -284,11 +321,12 @@ def decomposition_cost(M: int, N: int, K: int, n_outliers: int, act_bytes: int =
     columns (n*N), and a second partial output in fp32 written and read back to be added
     (2 * 4*M*N); plus 2*M*N*n FLOPs at the 16-bit rate (half the INT8 rate on A100/H100).
     """
-    for v, what in ((M, "M"), (N, "N"), (K, "K")):
-        if not isinstance(v, int) or v < 1:
+    for v, what in ((M, "M"), (N, "N"), (K, "K"), (act_bytes, "act_bytes")):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{what} must be a positive integer; got {v!r}")
-    if not 0 <= n_outliers <= K:
-        raise ValueError(f"n_outliers must lie in 0..K={K}; got {n_outliers}")
+    if isinstance(n_outliers, bool) or not isinstance(n_outliers, int) or not 0 <= n_outliers <= K:
+        raise ValueError(f"n_outliers must be a whole number of columns in 0..K={K}; got "
+                         f"{n_outliers!r}")
     n = n_outliers
     base_bytes = N * K + M * K + M * N * act_bytes
     extra_bytes = 0 if n == 0 else 2 * M * n * act_bytes + n * N * act_bytes + 2 * 4 * M * N
@@ -337,10 +375,23 @@ def outlier_facts(model, calib_ids: torch.Tensor, ref=None, threshold: float = D
         g = torch.Generator().manual_seed(0)
         others = [int(c) for c in torch.randperm(width, generator=g) if int(c) not in zeroed]
         rnd = others[:len(zeroed)]
+        out["eval_windows"] = eval_windows(ref)
+        out["reference"] = {"perplexity": ref.perplexity, "bits_per_byte": ref.bits_per_byte}
         out["zero_systematic"] = ceval.compare(zero_features(model, {n: zeroed for n in names}), ref)
         out["zero_random"] = ceval.compare(zero_features(model, {n: rnd for n in names}), ref)
         out["random_columns"] = rnd
     return out
+
+
+def eval_windows(ref) -> dict:
+    """How a reference was scored: {"n_windows", "window_tokens" (predictions per window)}.
+
+    Every results file of lessons 05 and 08 records it, so that a notebook compares only
+    numbers measured on the same windows (lesson 05 asserts it)."""
+    if not hasattr(ref, "targets") or not hasattr(ref, "window"):
+        raise TypeError(f"ref must be a course_lib.eval.Reference (from eval.reference or "
+                        f"smollm.reference); got {type(ref).__name__}")
+    return {"n_windows": int(ref.targets.numel() // ref.window), "window_tokens": int(ref.window)}
 
 
 def main(argv=None) -> int:
@@ -350,8 +401,12 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description="LLM.int8() outlier facts -> results/llm_int8_<model>.json")
     p.add_argument("--model", choices=["bundled", "smollm2"], default="bundled")
+    p.add_argument("--windows", type=int, default=None,
+                   help="SmolLM2: evaluation windows of 512 tokens (default: the protocol's 8)")
     args = p.parse_args(argv)
     from course_lib.methods import w8a8
+    if args.windows is not None:
+        w8a8.SMOLLM["n_windows"] = args.windows
     model, ref, calib = w8a8.bundled_setup() if args.model == "bundled" else w8a8.smollm_setup()
     out = outlier_facts(model, calib, ref)
     out["model"] = args.model

@@ -1,24 +1,34 @@
 """SmoothQuant: move the activation outliers into the weights, then quantize both (lesson 08).
 
-Paper: G. Xiao, J. Lin, M. Seznec, H. Wu, J. Demouth, S. Han, "SmoothQuant: Accurate and
-Efficient Post-Training Quantization for Large Language Models", ICML 2023.
+Paper: G. Xiao, J. Lin, M. Seznec, H. Wu, J. Demouth, S. Han,  # quotation: the paper's authors
+"SmoothQuant: Accurate and Efficient Post-Training Quantization  # quotation: the paper's title
+for Large Language Models", ICML 2023.  # quotation: the paper's title
 
-A Linear computes y = x W^T. Divide input channel j of x by s_j and multiply column j of W by
-the same s_j: the product is unchanged, (x / s) (W * s)^T = x W^T. With
+A Linear computes y = x W^T. Shrink input channel j of x by a factor s_j and grow column j of
+W by the same factor: (x / s) (W * s)^T = x W^T, whatever s is. The paper's choice,
 
-    s_j = max|X_j|^alpha / max|W_j|^(1 - alpha)
+    s_j = max|X_j|^alpha / max|W_j|^(1 - alpha)          # quotation: SmoothQuant, eq. 4
 
-(max over calibration tokens for X, over output rows for W; alpha = 0.5 "a well-balanced
-point") the channel's activation maximum becomes max|X_j|^(1-alpha) max|W_j|^(1-alpha) and its
-weight maximum max|X_j|^alpha max|W_j|^alpha: at alpha 0.5 both are sqrt(max|X_j| max|W_j|).
+(X's maximum over calibration tokens, W's over the output rows; the paper uses alpha = 0.5 for
+most models), leaves channel j with an activation maximum of max|X_j|^(1-alpha) max|W_j|^(1-alpha)
+and a weight maximum of max|X_j|^alpha max|W_j|^alpha; at alpha = 0.5 the two are equal.
 
-Dividing x by s costs nothing at run time when it is *folded* into whatever produced x:
+The division of x by s is free at run time when the layer that *produced* x absorbs it. Groups
+(a predecessor and the Linears that read its output), in every decoder block:
 
-- an RMSNorm's weight (input_layernorm -> q/k/v_proj, post_attention_layernorm -> gate/up_proj);
-- the rows of the Linear before (up_proj -> down_proj: down's input is silu(gate) * up, linear
-  in up's output).
+- reference groups, smoothed by default (the paper's code and llm-compressor's default Llama
+  mappings): ``input_layernorm`` -> q/k/v_proj and ``post_attention_layernorm`` -> gate/up_proj
+  (divide the RMSNorm's weight by s);
+- ``extra="down_proj"``: ``up_proj`` -> ``down_proj``. down's input is silu(gate) * up, linear in
+  each of up's output rows, so up's rows absorb 1/s (neither reference smooths this pair);
+- ``extra="o_proj"``: ``v_proj`` -> ``o_proj``. Attention's output for head h is a
+  softmax-weighted sum of the value vectors of the KV head it reads, so each of its channels is
+  linear in the matching row of v_proj: v's rows absorb 1/s (llm-awq scales this pair for AWQ).
+  With grouped-query attention, H query heads share K < H KV heads: channel d of KV head g
+  feeds channel d of all H/K query heads that read it, so those H/K channels of o_proj's input
+  must share one factor. :func:`gqa_share` takes the maxima over the heads that share a
+  factor, :func:`gqa_expand` copies the K*head_dim factors out to o_proj's H*head_dim columns.
 
-o_proj has no such predecessor here (its input comes out of attention), so it is refused.
 Taught by :func:`smoothing_factors`, :func:`fold_scales`, :func:`fold_groups`,
 :func:`smooth_model`.
 """
@@ -31,15 +41,31 @@ import torch
 import torch.nn as nn
 
 # (predecessor, the Linears reading its output) inside every decoder block
-BLOCK_GROUPS = (("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
-                ("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj")),
-                ("mlp.up_proj", ("mlp.down_proj",)))
+REFERENCE_GROUPS = (("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj",
+                                         "self_attn.v_proj")),
+                    ("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj")))
+#: Optional groups beyond the reference: name -> (predecessor, Linears)
+EXTRA_GROUPS = {"down_proj": ("mlp.up_proj", ("mlp.down_proj",)),
+                "o_proj": ("self_attn.v_proj", ("self_attn.o_proj",))}
+#: Every group (the old name; the reference groups and both extras)
+BLOCK_GROUPS = REFERENCE_GROUPS + tuple(EXTRA_GROUPS.values())
+
+
+def _check_extra(extra) -> tuple[str, ...]:
+    if isinstance(extra, str):
+        extra = (extra,)
+    extra = tuple(extra)
+    bad = [e for e in extra if e not in EXTRA_GROUPS]
+    if bad:
+        raise ValueError(f"extra must name groups among {list(EXTRA_GROUPS)} (the reference "
+                         f"groups are always smoothed); got {bad}")
+    return tuple(e for e in EXTRA_GROUPS if e in extra)          # a fixed order
 
 
 def _check_alpha(alpha) -> float:
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
-        raise ValueError(f"alpha is the migration strength and must lie in [0, 1] (0.5 in the "
-                         f"paper); got {alpha!r}")
+        raise ValueError(f"alpha is the migration strength and must lie in [0, 1], a fraction "
+                         f"(0.5 in the paper, not 50); got {alpha!r}")
     return float(alpha)
 
 
@@ -92,20 +118,70 @@ def weight_absmax(*weights: torch.Tensor) -> torch.Tensor:
     return torch.cat([w.detach().abs() for w in weights], dim=0).amax(dim=0).float()
 
 
-def fold_groups(model: nn.Module) -> list[tuple[str, list[str]]]:
-    """[(predecessor name, [Linear names])] for every foldable group of a Llama model (lesson 08)."""
+def fold_groups(model: nn.Module, extra=()) -> list[tuple[str, list[str]]]:
+    """[(predecessor name, [Linear names])] for every group smoothed in a Llama model (lesson 08):
+    the reference groups of each block, then the ``extra`` ones ("down_proj", "o_proj")."""
+    extra = _check_extra(extra)
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
         raise ValueError("fold_groups needs a Llama-layout model (model.model.layers[i] with "
                          "input_layernorm, self_attn.q/k/v_proj, post_attention_layernorm, "
                          "mlp.gate/up/down_proj), such as course_lib.model.LlamaModel")
+    kinds = REFERENCE_GROUPS + tuple(EXTRA_GROUPS[e] for e in extra)
     return [(f"model.layers.{i}.{pred}", [f"model.layers.{i}.{n}" for n in lins])
-            for i in range(len(layers)) for pred, lins in BLOCK_GROUPS]
+            for i in range(len(layers)) for pred, lins in kinds]
 
 
-def foldable_linears(model: nn.Module) -> list[str]:
-    """Names of the Linears :func:`smooth_model` can smooth."""
-    return [n for _, names in fold_groups(model) for n in names]
+def foldable_linears(model: nn.Module, extra=tuple(EXTRA_GROUPS)) -> list[str]:
+    """Names of the Linears :func:`smooth_model` can smooth (with ``extra``: all by default)."""
+    return [n for _, names in fold_groups(model, extra) for n in names]
+
+
+def _heads(x: torch.Tensor, n_heads: int, n_kv_heads: int, what: str) -> int:
+    for v, name in ((n_heads, "n_heads"), (n_kv_heads, "n_kv_heads")):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a whole number >= 1; got {v!r}")
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}): "
+                         f"each KV head serves the same number of query heads")
+    x = torch.as_tensor(x)
+    if x.dim() != 1 or x.numel() % n_heads:
+        raise ValueError(f"{what} must be 1-D with a length that is a multiple of n_heads = "
+                         f"{n_heads}; got shape {tuple(x.shape)}")
+    return x.numel() // n_heads                                             # head_dim
+
+
+def gqa_share(per_channel: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
+    """Per-channel maxima over o_proj's input (H*hd,) -> (K*hd,): for channel d of KV head g,
+    the largest value over the H/K query heads that read it (lesson 08)."""
+    hd = _heads(per_channel, n_heads, n_kv_heads, "per_channel")
+    rep = n_heads // n_kv_heads
+    x = torch.as_tensor(per_channel).reshape(n_kv_heads, rep, hd)           # (K, H/K, hd)
+    return x.amax(dim=1).reshape(-1)                                        # (K*hd,)
+
+
+def gqa_expand(s: torch.Tensor, n_heads: int, n_kv_heads: int) -> torch.Tensor:
+    """Factors of v_proj's rows (K*hd,) -> factors of o_proj's columns (H*hd,): query head h
+    reads KV head h // (H/K), as the model's ``repeat_interleave`` does (lesson 08)."""
+    s = torch.as_tensor(s)
+    _heads(torch.zeros(n_heads if isinstance(n_heads, int) else 1), n_heads, n_kv_heads, "s")
+    if s.dim() != 1 or s.numel() % n_kv_heads:
+        raise ValueError(f"s must be 1-D with a length that is a multiple of n_kv_heads = "
+                         f"{n_kv_heads}; got shape {tuple(s.shape)}")
+    hd = s.numel() // n_kv_heads
+    rep = n_heads // n_kv_heads
+    return s.reshape(n_kv_heads, 1, hd).expand(n_kv_heads, rep, hd).reshape(-1)  # (H*hd,)
+
+
+def _attention_heads(model: nn.Module, block: str) -> tuple[int, int]:
+    attn = model.get_submodule(f"{block}.self_attn")
+    cfg = getattr(model, "config", None)
+    H = getattr(attn, "H", None) or getattr(cfg, "num_attention_heads", None)
+    K = getattr(attn, "K", None) or getattr(cfg, "num_key_value_heads", None)
+    if H is None or K is None:
+        raise ValueError("smoothing o_proj through v_proj needs the number of query and KV heads "
+                         "(attention modules with .H and .K, or model.config)")
+    return int(H), int(K)
 
 
 @torch.no_grad()
@@ -113,44 +189,50 @@ def calibrate_absmax(model: nn.Module, ids: torch.Tensor, names=None,
                      batch_size: int = 8) -> dict[str, torch.Tensor]:
     """Per-channel max |x| of each Linear's input on calibration ids (B, T): {name: (K,)}.
 
-    Uses ``course_lib.activations`` (hooks) on the unsmoothed model; ``names`` default: the
-    foldable Linears, one per group (the others of a group share its input)."""
+    Uses ``course_lib.activations`` (hooks) on the unsmoothed model; ``names`` default: one
+    Linear per group, extras included (the others of a group share its input)."""
     from course_lib import activations
 
     if names is None:
-        names = [lins[0] for _, lins in fold_groups(model)]
+        names = [lins[0] for _, lins in fold_groups(model, tuple(EXTRA_GROUPS))]
     acts = activations.capture_linear_inputs(model, ids, names=names, batch_size=batch_size)
     return {n: s["absmax"] for n, s in activations.channel_stats(acts).items()}
 
 
 def _group_of(model, name: str):
-    for pred, lins in fold_groups(model):
+    for pred, lins in fold_groups(model, tuple(EXTRA_GROUPS)):
         if name in lins:
             return pred, lins
     kinds = ", ".join(n.rsplit(".", 1)[-1] for _, lins in BLOCK_GROUPS for n in lins)
-    raise ValueError(f"{name!r} has no foldable predecessor: nothing before it can absorb 1/s "
-                     f"for free (o_proj's input comes out of attention, and this course leaves "
-                     f"lm_head unquantized). Smoothable Linears: {kinds}")
+    raise ValueError(f"{name!r} has no foldable predecessor in this course (it leaves lm_head "
+                     f"unquantized). Smoothable Linears: {kinds}")
 
 
 @torch.no_grad()
 def smooth_model(model: nn.Module, act_absmax: dict, alpha: float = 0.5, layers=None,
-                 inplace: bool = False):
+                 inplace: bool = False, extra=()):
     """Fold SmoothQuant's factors into a copy of ``model`` (lesson 08). Returns (model, {pred: s}).
 
     act_absmax: {Linear name: (K,) max |x| per input channel} from :func:`calibrate_absmax`
-    (any Linear of a group will do: they share the input). layers: Linear names to smooth
-    (default: every foldable group); naming one Linear of a group smooths the whole group,
-    since its members share one input. In float the smoothed model computes the same function
-    (a test checks the logits); only quantization afterwards sees the difference.
+    (any Linear of a group will do: they share the input). extra: groups beyond the reference
+    ones, "down_proj" (through up_proj) and/or "o_proj" (through v_proj, one factor per
+    channel of a KV head, shared by its query heads). layers: Linear names to smooth (default:
+    every group smoothed); naming one Linear of a group smooths the whole group, and naming an
+    extra group's Linear smooths it even when ``extra`` does not list it. In float the smoothed
+    model computes the same function (tests check the logits); only quantization afterwards
+    sees the difference.
     """
     alpha = _check_alpha(alpha)
-    groups = fold_groups(model)
+    extra = _check_extra(extra)
+    if not isinstance(act_absmax, dict):
+        raise TypeError(f"act_absmax must be a dict {{Linear name: (K,) maxima}} from "
+                        f"calibrate_absmax(model, ids); got {type(act_absmax).__name__}")
+    groups = fold_groups(model, extra)
     if layers is not None:
         if isinstance(layers, str):
             raise TypeError("layers takes a list of Linear names")
         wanted = {_group_of(model, n)[0] for n in layers}
-        groups = [g for g in groups if g[0] in wanted]
+        groups = [g for g in fold_groups(model, tuple(EXTRA_GROUPS)) if g[0] in wanted]
     if not inplace:
         model = copy.deepcopy(model)
     factors = {}
@@ -166,13 +248,20 @@ def smooth_model(model: nn.Module, act_absmax: dict, alpha: float = 0.5, layers=
             raise ValueError(f"calibration maxima for {lin_names[0]} have shape "
                              f"{tuple(torch.as_tensor(stat).shape)} but the layer has {K} input "
                              f"features: were they captured on another model?")
-        s = smoothing_factors(stat, weight_absmax(*[lin.weight for lin in lins]), alpha)  # (K,)
-        new_pred, new_ws = fold_scales(pred.weight, [lin.weight for lin in lins], s)
-        pred.weight.copy_(new_pred)                    # RMSNorm (K,) or up_proj rows (K, in)
+        w_max = weight_absmax(*[lin.weight for lin in lins])                  # (K,)
+        if pred_name.endswith("self_attn.v_proj"):       # GQA: one factor per KV-head channel
+            H, Kv = _attention_heads(model, pred_name.rsplit(".", 2)[0])
+            s = smoothing_factors(gqa_share(torch.as_tensor(stat).float(), H, Kv),
+                                  gqa_share(w_max, H, Kv), alpha)              # (Kv*hd,)
+            s_cols = gqa_expand(s, H, Kv)                                      # (H*hd,)
+        else:
+            s = s_cols = smoothing_factors(stat, w_max, alpha)                 # (K,)
+        new_pred, _ = fold_scales(pred.weight, [], s)
+        pred.weight.copy_(new_pred)                    # RMSNorm (K,) or Linear rows (K, in)
         if getattr(pred, "bias", None) is not None:
             pred.bias.div_(s.to(pred.bias.dtype))
-        for lin, w in zip(lins, new_ws):
-            lin.weight.copy_(w)                                            # (out, K)
+        for lin in lins:
+            lin.weight.mul_(s_cols.to(lin.weight.dtype)[None, :])             # (out, K)
         factors[pred_name] = s
     return model, factors
 

@@ -4,6 +4,10 @@
     python -m course_lib.methods.table --model bundled      # about a minute on 2 cores
     python -m course_lib.methods.table --model smollm2      # tens of minutes on 2 cores
     python -m course_lib.methods.table --model smollm2 --resume   # only the missing rows
+    python -m course_lib.methods.table --model smollm2 --grid llm-compressor \
+        --methods rtn,gptq,gptq+act --group-sizes 32 --tag llm-compressor   # lesson 06
+    python -m course_lib.methods.table --model bundled --methods awq --bits 3 \
+        --group-sizes 128 --option inputs=fp --tag awq-fp-inputs          # lesson 07
 
 Every row quantizes every Linear of the decoder blocks (embeddings and the output head stay)
 with symmetric group-wise integers in the course's convention (scale = absmax / 7 for INT4,
@@ -11,7 +15,8 @@ codes -7..7; llm-compressor uses absmax / 7.5 with codes -8..7), fp32 scales, an
 against the unquantized model on the same evaluation windows. The JSON also holds a *slice*
 (a small calibration set, few blocks, one or a few windows) that the lessons recompute live and
 compare with the committed numbers. Rows are written as they finish, so an interrupted run
-keeps what it measured.
+keeps what it measured. A *variant* table (another grid, or a method's options) is written to
+``results/methods_<model>_<tag>.json`` and holds only the methods asked for.
 """
 from __future__ import annotations
 
@@ -47,8 +52,32 @@ SETTINGS = {
 }
 
 
-def results_path(model_name: str) -> Path:
-    return RESULTS_DIR / f"methods_{model_name}.json"
+#: What each grid's table states as its convention (see calibration.get_grid).
+CONVENTIONS = {
+    "course": "symmetric group-wise INT, scale = absmax / (2**(bits-1) - 1) (absmax/7 for INT4, "
+              "codes -7..7), fp32 scales; every block Linear quantized, embeddings and head kept",
+    "llm-compressor": "llm-compressor's grid: symmetric group-wise INT, scale = absmax / "
+                      "((2**bits - 1) / 2) (absmax/7.5 for INT4, codes -8..7), GPTQ's group "
+                      "scales computed up front from the original weight, fp32 scales; every "
+                      "block Linear quantized, embeddings and head kept",
+    "llm-compressor-grid": "llm-compressor's grid with the course's timing: symmetric group-wise "
+                           "INT, scale = absmax / ((2**bits - 1) / 2) (absmax/7.5 for INT4, codes "
+                           "-8..7), GPTQ's group scales set when the loop reaches the group, fp32 "
+                           "scales; every block Linear quantized, embeddings and head kept",
+    "q4_0": "llama.cpp Q4_0 blocks of 32 (d = signed absmax / -8, codes -8..7, fp16 d); every "
+            "block Linear quantized, embeddings and head kept",
+    "q4_1": "llama.cpp Q4_1 blocks of 32 (d = (max - min) / 15, m = min, fp16 d and m); every "
+            "block Linear quantized, embeddings and head kept",
+}
+
+
+def results_path(model_name: str, tag: str | None = None) -> Path:
+    """results/methods_<model>.json, or methods_<model>_<tag>.json for a variant table (another
+    grid, or a method's option: ``--grid llm-compressor``, ``--option inputs=fp``)."""
+    if tag is not None and (not tag or not all(c.isalnum() or c in "-_" for c in tag)):
+        raise ValueError(f"tag must be letters, digits, '-' or '_'; got {tag!r}")
+    return RESULTS_DIR / (f"methods_{model_name}.json" if tag is None
+                          else f"methods_{model_name}_{tag}.json")
 
 
 def load_model(model_name: str):
@@ -93,20 +122,22 @@ def score(qm, ref) -> dict:
             if k in r}
 
 
-def row(model, ref, method, ids, bits, group_size, n_blocks=None, progress=False) -> dict:
-    qm, seconds = quantize(model, method, ids, bits, group_size, n_blocks, progress)
+def row(model, ref, method, ids, bits, group_size, n_blocks=None, progress=False,
+        **options) -> dict:
+    qm, seconds = quantize(model, method, ids, bits, group_size, n_blocks, progress, **options)
     return {"method": method, "bits": bits, "group_size": group_size,
             "bits_per_weight": quant.bits_per_weight(bits, group_size),
             "seconds": round(seconds, 2), **score(qm, ref)}
 
 
-def slice_rows(model, reference, model_name: str, methods=METHODS) -> dict:
-    """The small live slice the lessons recompute (settings in ``SETTINGS[model]['slice']``)."""
+def slice_rows(model, reference, model_name: str, methods=METHODS, **options) -> dict:
+    """The small live slice the lessons recompute (settings in ``SETTINGS[model]['slice']``);
+    ``options`` go to every method (e.g. ``grid="llm-compressor"``)."""
     sl = SETTINGS[model_name]["slice"]
     st = SETTINGS[model_name]
     ids = cal.calibration_ids(model_name, sl["calib_windows"], st["calib_window"])
     ref = reference(model, sl["eval_windows"], st["eval_window"])
-    rows = [row(model, ref, m, ids, sl["bits"], sl["group_size"], sl["n_blocks"])
+    rows = [row(model, ref, m, ids, sl["bits"], sl["group_size"], sl["n_blocks"], **options)
             for m in methods]
     for r in rows:
         r.pop("seconds")
@@ -117,14 +148,28 @@ PROTOCOL_KEYS = ("model", "convention", "calibration", "evaluation")
 
 
 def write_table(model_name: str, path: Path | None = None, progress: bool = True,
-                methods=METHODS, resume: bool = False) -> dict:
+                methods=METHODS, resume: bool = False, grid: str = "course",
+                options: dict | None = None, tag: str | None = None,
+                group_sizes=None, bits_list=(4, 3)) -> dict:
     """Measure every row and write the JSON (saved after every row, so an interrupted run keeps
     what it measured). ``methods``: a subset re-measures only those rows (and the slice) and
     keeps the others of the JSON there. ``resume``: keep every row (and the slice) already in
     the JSON when it was measured under the same protocol (model, convention, calibration,
-    evaluation); measure only what is missing."""
+    evaluation); measure only what is missing.
+
+    grid / options / tag: a variant table (``results/methods_<model>_<tag>.json``, holding only
+    ``methods``): another grid (lesson 06's llm-compressor experiment) or method options
+    (lesson 07's AWQ deviations, e.g. ``{"inputs": "fp"}``). group_sizes / bits_list: restrict
+    the rows measured."""
     from tqdm.auto import tqdm
-    path = path or results_path(model_name)
+    cal.get_grid(grid)
+    options = dict(options or {})
+    if grid != "course":
+        options["grid"] = grid
+    variant = bool(options) or tag is not None
+    if variant and tag is None:
+        tag = "_".join(f"{k}-{v}" for k, v in sorted(options.items())).replace("=", "-")
+    path = path or results_path(model_name, tag if variant else None)
     st = SETTINGS[model_name]
     t0 = time.perf_counter()
     model, reference = load_model(model_name)
@@ -134,9 +179,7 @@ def write_table(model_name: str, path: Path | None = None, progress: bool = True
     if model_name == "smollm2":
         base["perplexity"] = ref.perplexity
     out = {"model": model_name,
-           "convention": "symmetric group-wise INT, scale = absmax / (2**(bits-1) - 1) (absmax/7 "
-                         "for INT4, codes -7..7), fp32 scales; every block Linear quantized, "
-                         "embeddings and head kept",
+           "convention": CONVENTIONS[grid],
            "calibration": {"windows": st["calib_windows"], "tokens": st["calib_window"],
                            "text": "training split" if model_name == "bundled"
                            else "calibration part of the reference text"},
@@ -144,9 +187,11 @@ def write_table(model_name: str, path: Path | None = None, progress: bool = True
            "machine": {"cpu": platform.processor() or platform.machine(),
                        "threads": torch.get_num_threads(), "torch": torch.__version__},
            "baseline": base, "rows": [], "slice": None}
+    if variant:
+        out["options"] = {k: str(v) for k, v in options.items()}
     previous = json.loads(path.read_text()) if path.exists() else None
     old, old_slice = [], None
-    if previous is not None and (resume or set(methods) != set(METHODS)):
+    if previous is not None and (resume or (not variant and set(methods) != set(METHODS))):
         if resume:
             _check_protocol(previous, out, path)
             old_slice = previous.get("slice")
@@ -155,11 +200,12 @@ def write_table(model_name: str, path: Path | None = None, progress: bool = True
                 out["machine"]["earlier_rows"] = pm.get("earlier_rows", pm.get("note"))
         old = previous["rows"]
     # the comparisons the lessons quote first: the smallest group size, 4 then 3 bits
-    jobs = [(bits, gs, m) for gs in st["group_sizes"] for bits in (4, 3) for m in METHODS]
+    jobs = [(bits, gs, m) for gs in (group_sizes or st["group_sizes"]) for bits in bits_list
+            for m in (methods if variant else METHODS)]
     for bits, gs, m in tqdm(jobs, desc=model_name, disable=not progress):
         kept = _find_or_none(old, m, bits, gs)
         if m in methods and not (resume and kept is not None):
-            new = row(model, ref, m, ids, bits, gs)
+            new = row(model, ref, m, ids, bits, gs, **options)
             new["load_avg_1min"] = round(os.getloadavg()[0], 1)
             out["rows"].append(new)
         elif kept is not None:
@@ -172,7 +218,8 @@ def write_table(model_name: str, path: Path | None = None, progress: bool = True
             old_slice.get(k) == v for k, v in st["slice"].items()):
         out["slice"] = old_slice
     else:
-        out["slice"] = slice_rows(model, reference, model_name)
+        out["slice"] = slice_rows(model, reference, model_name,
+                                  methods if variant else METHODS, **options)
     out["seconds_total"] = round(time.perf_counter() - t0, 1)     # this run (resumed: its part)
     _write(path, out)
     return out
@@ -198,9 +245,12 @@ def _write(path: Path, out: dict) -> None:
     path.write_text(json.dumps(out, indent=1) + "\n")
 
 
-def load_table(model_name: str) -> dict:
-    """The committed table (results/methods_<model>.json)."""
-    path = results_path(model_name)
+def load_table(model_name: str, tag: str | None = None) -> dict:
+    """The committed table (results/methods_<model>.json, or a variant's
+    methods_<model>_<tag>.json)."""
+    if model_name not in SETTINGS:
+        raise ValueError(f"unknown model {model_name!r}; known: {', '.join(SETTINGS)}")
+    path = results_path(model_name, tag)
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: run `python -m course_lib.methods.table "
                                 f"--model {model_name}`")
@@ -232,13 +282,39 @@ def main(argv=None) -> None:
     p.add_argument("--model", choices=sorted(SETTINGS), default="bundled")
     p.add_argument("--methods", default=",".join(METHODS),
                    help="re-measure only these rows, keeping the others of the existing JSON")
+    p.add_argument("--grid", default="course", choices=sorted(cal.GRIDS),
+                   help="quantization grid (a variant table: methods_<model>_<tag>.json)")
+    p.add_argument("--option", action="append", default=[],
+                   help="a method option as key=value (e.g. inputs=fp, symmetric=False, "
+                        "scale_o_proj=True): a variant table")
+    p.add_argument("--tag", default=None, help="the variant table's name (default: from the "
+                                                "grid and options)")
+    p.add_argument("--group-sizes", default=None, help="e.g. 32 (default: the model's)")
+    p.add_argument("--bits", default="4,3")
     p.add_argument("--resume", action="store_true",
                    help="keep the rows (and slice) already in the JSON under the same protocol "
                         "and measure only the missing ones")
     a = p.parse_args(argv)
-    out = write_table(a.model, methods=tuple(a.methods.split(",")), resume=a.resume)
+    options = dict(_parse_option(o) for o in a.option)
+    gs = tuple(int(g) for g in a.group_sizes.split(",")) if a.group_sizes else None
+    out = write_table(a.model, methods=tuple(a.methods.split(",")), resume=a.resume,
+                      grid=a.grid, options=options, tag=a.tag, group_sizes=gs,
+                      bits_list=tuple(int(b) for b in a.bits.split(",")))
     print(format_table(out["rows"]))
-    print(f"written to {results_path(a.model)} in {out['seconds_total']} s")
+    print(f"written in {out['seconds_total']} s")
+
+
+def _parse_option(text: str):
+    """'key=value' with value a bool, int, float or string."""
+    if "=" not in text:
+        raise ValueError(f"--option takes key=value (e.g. inputs=fp); got {text!r}")
+    k, v = text.split("=", 1)
+    for conv in (lambda x: {"True": True, "False": False}[x], int, float):
+        try:
+            return k, conv(v)
+        except (KeyError, ValueError):
+            pass
+    return k, v
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from course_lib.methods import llm_int8, smoothquant
 FORMATS = {"int8": 127.0, "fp8_e4m3": 448.0}     # qmax: the largest code
 ACT_MODES = ("static_per_tensor", "dynamic_per_token")
 ROOT = Path(__file__).resolve().parents[2]
+OVERLAP_FILE = ROOT / "results" / "w8a8_smollm2_overlap.json"
 
 
 def _check(fmt: str, act: str):
@@ -75,13 +76,18 @@ def quantize_activations(x: torch.Tensor, fmt: str = "int8", act: str = "dynamic
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.is_floating_point():
         raise ValueError(f"x must be a 2-D floating-point (tokens, features) tensor; got "
                          f"{tuple(getattr(x, 'shape', ()))}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError("x holds NaN or inf: 8-bit codes cannot carry them (a NaN would become "
+                         "a finite code silently); check the layer before this one")
     if act == "dynamic_per_token":
         qt = quant.quantize(x.float(), fmt, "per_token")
         q, s = qt.q, qt.scale.reshape(-1).float()                         # (M, K), (M,)
     else:
-        if static_scale is None or not static_scale > 0:
-            raise ValueError("static_per_tensor needs a positive static_scale from calibration "
-                             "(max |x| on calibration text / qmax): see calibrate_static_scales")
+        if isinstance(static_scale, bool) or not isinstance(static_scale, (int, float)) \
+                or not 0 < static_scale < float("inf"):
+            raise ValueError(f"static_per_tensor needs a positive, finite static_scale from "
+                             f"calibration (max |x| on calibration text / qmax, e.g. 0.05): see "
+                             f"calibrate_static_scales; got {static_scale!r}")
         qmax = FORMATS[fmt]
         y = (x.float() / static_scale).clamp(-qmax, qmax)                 # (M, K)
         if fmt == "int8":
@@ -100,6 +106,17 @@ def w8a8_matmul(xq, xs, w_q, w_scale) -> torch.Tensor:
 
     INT8: the sum is the exact int32 accumulator. FP8: each product of two E4M3 values is
     exact in fp32; the sum is in fp32, like the GPU kernel's accumulator."""
+    codes = (torch.int8, torch.float8_e4m3fn)
+    if xq.dtype not in codes or w_q.dtype != xq.dtype:
+        raise TypeError(f"xq and w_q must both be int8 or both float8_e4m3fn codes (from "
+                        f"quantize_activations and quantize_weight); got {xq.dtype} and {w_q.dtype}")
+    if xq.dim() != 2 or w_q.dim() != 2 or xq.shape[1] != w_q.shape[1]:
+        raise ValueError(f"expected xq (M, K) and w_q (N, K) with the same K; got "
+                         f"{tuple(xq.shape)} and {tuple(w_q.shape)}")
+    if tuple(xs.shape) != (xq.shape[0],) or tuple(w_scale.shape) != (w_q.shape[0],):
+        raise ValueError(f"xs must be ({xq.shape[0]},) (one scale per token) and w_scale "
+                         f"({w_q.shape[0]},) (one per output channel); got {tuple(xs.shape)} and "
+                         f"{tuple(w_scale.shape)}")
     if xq.dtype == torch.int8:
         acc = llm_int8.int8_matmul_int32(xq, w_q).float()                 # (M, N)
     else:
@@ -125,13 +142,17 @@ class W8A8Linear(nn.Module):
         self.register_buffer("w_scale", w_scale)                          # (out,)
         self.static_scale = None
         if act == "static_per_tensor":
-            if act_absmax is None or not act_absmax > 0:
-                raise ValueError("static_per_tensor needs this layer's calibration max |x| "
-                                 "(act_absmax > 0)")
+            if isinstance(act_absmax, bool) or not isinstance(act_absmax, (int, float)) \
+                    or not 0 < act_absmax < float("inf"):
+                raise ValueError(f"static_per_tensor needs this layer's calibration max |x|, a "
+                                 f"positive finite number (act_absmax > 0); got {act_absmax!r}")
             self.static_scale = float(act_absmax) / FORMATS[fmt]
         self.bias = linear.bias
 
     def forward(self, x):                                                 # (..., in) -> (..., out)
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"input has {x.shape[-1]} features but this layer expects "
+                             f"{self.in_features} (in_features)")
         xq, xs = quantize_activations(x.reshape(-1, self.in_features), self.fmt, self.act,
                                       self.static_scale)                  # (M, in), (M,)
         y = w8a8_matmul(xq, xs, self.w_q, self.w_scale)                   # (M, out)
@@ -160,6 +181,9 @@ def quantize_model_w8a8(model: nn.Module, fmt: str = "int8", act: str = "dynamic
     from course_lib.methods import swap_linears
 
     _check(fmt, act)
+    if act_absmax is not None and not isinstance(act_absmax, dict):
+        raise TypeError(f"act_absmax must be a dict {{Linear name: max |x|}} from "
+                        f"calibrate_static_scales(model, ids); got {type(act_absmax).__name__}")
     if act == "static_per_tensor" and not act_absmax:
         raise ValueError("static_per_tensor needs act_absmax = calibrate_static_scales(model, ids)")
 
@@ -174,24 +198,33 @@ def quantize_model_w8a8(model: nn.Module, fmt: str = "int8", act: str = "dynamic
 # ---------------------------------------------------------------------------- the table
 
 VARIANTS = (
-    # label, kind, fmt, act, smoothing alpha (None: no smoothing)
+    # label, kind, fmt, act, smoothing alpha (None: no smoothing)[, extra smoothing groups]
     ("W8A16 INT8 (weights only)", "w8a16", "int8", None, None),
     ("W8A8 INT8 static per-tensor", "w8a8", "int8", "static_per_tensor", None),
     ("W8A8 INT8 static per-tensor + SmoothQuant 0.5", "w8a8", "int8", "static_per_tensor", 0.5),
     ("W8A8 INT8 static per-tensor + SmoothQuant 0.8", "w8a8", "int8", "static_per_tensor", 0.8),
+    ("W8A8 INT8 static per-tensor + SmoothQuant 0.8, down_proj too", "w8a8", "int8",
+     "static_per_tensor", 0.8, ("down_proj",)),
+    ("W8A8 INT8 static per-tensor + SmoothQuant 0.8, down_proj and o_proj too", "w8a8", "int8",
+     "static_per_tensor", 0.8, ("down_proj", "o_proj")),
     ("W8A8 INT8 dynamic per-token", "w8a8", "int8", "dynamic_per_token", None),
     ("W8A8 INT8 dynamic per-token + SmoothQuant 0.5", "w8a8", "int8", "dynamic_per_token", 0.5),
     ("W8A8 INT8 dynamic per-token + SmoothQuant 0.8", "w8a8", "int8", "dynamic_per_token", 0.8),
+    ("W8A8 INT8 dynamic per-token + SmoothQuant 0.8, down_proj too", "w8a8", "int8",
+     "dynamic_per_token", 0.8, ("down_proj",)),
+    ("W8A8 INT8 dynamic per-token + SmoothQuant 0.8, down_proj and o_proj too", "w8a8", "int8",
+     "dynamic_per_token", 0.8, ("down_proj", "o_proj")),
     ("W8A8 FP8 E4M3 dynamic per-token", "w8a8", "fp8_e4m3", "dynamic_per_token", None),
     ("LLM.int8() (threshold 6.0)", "llm_int8", "int8", "dynamic_per_token", None),
 )
 
 
 def build_variant(model, calib_ids, kind: str, fmt: str, act: str | None, alpha: float | None,
-                  stats: dict | None = None):
+                  stats: dict | None = None, extra=()):
     """The quantized copy of ``model`` for one row of the table (lesson 08).
 
-    stats: ``smoothquant.calibrate_absmax(model, calib_ids)`` (computed when None)."""
+    stats: ``smoothquant.calibrate_absmax(model, calib_ids)`` (computed when None); extra:
+    smoothing groups beyond the reference ones (``smoothquant.EXTRA_GROUPS``)."""
     if kind == "w8a16":
         from course_lib import qmodel
         return qmodel.quantize_model(model, "int8", "per_channel")[0]
@@ -202,22 +235,40 @@ def build_variant(model, calib_ids, kind: str, fmt: str, act: str | None, alpha:
     base = model
     if alpha is not None:
         stats = stats if stats is not None else smoothquant.calibrate_absmax(model, calib_ids)
-        base, _ = smoothquant.smooth_model(model, stats, alpha)
+        base, _ = smoothquant.smooth_model(model, stats, alpha, extra=extra)
     absmax = calibrate_static_scales(base, calib_ids) if act == "static_per_tensor" else None
     return quantize_model_w8a8(base, fmt, act, absmax)
 
 
-def score_variants(model, ref, calib_ids, variants=VARIANTS, log=print) -> list[dict]:
-    """Score each variant against the reference ``ref`` (``course_lib.eval``) (lesson 08)."""
+def _row_key(row: dict) -> tuple:
+    smoothed = row.get("smoothed")
+    if smoothed is None and row.get("alpha") is not None:
+        smoothed = ["norms", "down_proj"]      # rows written before the reference default
+    return (row["kind"], row["fmt"], row["act"], row["alpha"], tuple(smoothed or ()))
+
+
+def score_variants(model, ref, calib_ids, variants=VARIANTS, log=print, reuse=()) -> list[dict]:
+    """Score each variant against the reference ``ref`` (``course_lib.eval``) (lesson 08).
+
+    reuse: rows of an earlier run on the same windows and calibration; a variant found there
+    (same kind, format, activations, alpha and smoothed groups) is copied, not recomputed."""
     from course_lib import eval as ceval
 
     stats = smoothquant.calibrate_absmax(model, calib_ids)
+    known = {_row_key(r): r for r in reuse}
     rows = []
-    for label, kind, fmt, act, alpha in variants:
+    for label, kind, fmt, act, alpha, *more in variants:
+        extra = tuple(more[0]) if more else ()
+        key = (kind, fmt, act, alpha, tuple(["norms", *extra]) if alpha is not None else ())
+        if key in known:
+            rows.append(dict(known[key], variant=label, smoothed=list(key[4]) or None))
+            log(f"{label:48s} reused from the earlier run (same windows and calibration)")
+            continue
         t0 = time.time()
-        qm = build_variant(model, calib_ids, kind, fmt, act, alpha, stats)
+        qm = build_variant(model, calib_ids, kind, fmt, act, alpha, stats, extra)
         r = ceval.compare(qm, ref)
         row = {"variant": label, "kind": kind, "fmt": fmt, "act": act, "alpha": alpha,
+               "smoothed": None if alpha is None else ["norms", *extra],
                "bits_per_byte": r["bits_per_byte"], "kl_nats": r["kl_nats"],
                "top1_agreement": r["top1_agreement"]}
         if "perplexity" in r:
@@ -229,12 +280,15 @@ def score_variants(model, ref, calib_ids, variants=VARIANTS, log=print) -> list[
 
 
 def alpha_sweep(model, ref, calib_ids, alphas, act: str = "static_per_tensor",
-                fmt: str = "int8") -> list[dict]:
-    """KL and top-1 of SmoothQuant + W8A8 at each alpha (lesson 08's plot)."""
+                fmt: str = "int8", extra=()) -> list[dict]:
+    """KL and top-1 of SmoothQuant + W8A8 at each alpha (lesson 08's plot); extra: smoothing
+    groups beyond the reference ones."""
+    extra = smoothquant._check_extra(extra)
     rows = [dict(alpha=a, **{k: v for k, v in r.items() if k in ("kl_nats", "top1_agreement")})
             for a, r in zip(alphas, score_variants(
                 model, ref, calib_ids,
-                [(f"alpha {a}", "w8a8", fmt, act, a) for a in alphas], log=lambda *_: None))]
+                [(f"alpha {a}", "w8a8", fmt, act, a, extra) for a in alphas],
+                log=lambda *_: None))]
     return rows
 
 
@@ -242,7 +296,7 @@ def alpha_sweep(model, ref, calib_ids, alphas, act: str = "static_per_tensor",
 
 # the bundled model: the evaluation slice of lesson 04, calibration from later in the file
 BUNDLED = {"eval_bytes": 6144, "window": 256, "calib_offset": 32768, "calib_rows": 8}
-SMOLLM = {"n_windows": 2, "calib_tokens": 512, "calib_rows": 2}   # 8 windows: --windows 8
+SMOLLM = {"n_windows": 8, "calib_tokens": 512, "calib_rows": 2}   # the protocol's 8 windows
 ALPHAS = (0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
@@ -273,6 +327,53 @@ def smollm_setup():
     return model, ref, smollm.calibration_ids(n * T).view(n, T)   # never the evaluation text
 
 
+#: The variants re-ranked on overlap-free windows (``--overlap-check``): no smoothing, the
+#: reference smoothing, per-tensor and per-token scales, weights alone.
+OVERLAP_VARIANTS = tuple(v for v in VARIANTS if v[0] in (
+    "W8A16 INT8 (weights only)", "W8A8 INT8 static per-tensor",
+    "W8A8 INT8 static per-tensor + SmoothQuant 0.8", "W8A8 INT8 dynamic per-token",
+    "W8A8 INT8 dynamic per-token + SmoothQuant 0.8"))
+
+
+def protocol_window_texts(n: int) -> list[str]:
+    """The decoded text of SmolLM2's first ``n`` evaluation windows (``smollm.WINDOW`` tokens)."""
+    from course_lib import smollm
+
+    ids, tok, W = smollm.eval_ids(), smollm.tokenizer(), smollm.WINDOW
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(ids) // W:
+        raise ValueError(f"n must be a whole number of windows in 1..{len(ids) // W}; got {n!r}")
+    return [tok.decode(ids[i * W:(i + 1) * W].tolist()) for i in range(n)]
+
+
+def overlap_check(run: int = 100, search: int = 32, variants=OVERLAP_VARIANTS) -> dict:
+    """Re-rank W8A8 variants on SmolLM2's first 8 evaluation windows that share no run of
+    ``run`` characters with the calibration half (``data.overlap_free_windows``) (lesson 05).
+
+    Returns {"run", "eval_overlap" (the whole evaluation half), "protocol_window_overlap" (each
+    of the protocol's windows), "windows" (chosen indices), "reference_perplexity", "rows"}."""
+    from course_lib import data, smollm
+    from course_lib import eval as ceval
+
+    calib_text, _ = data.topics_split()
+    texts = protocol_window_texts(search)
+    n = SMOLLM["n_windows"]
+    chosen = data.overlap_free_windows(texts, calib_text, n, run)
+    W = smollm.WINDOW
+    ids = smollm.eval_ids()
+    ids = torch.cat([ids[i * W:(i + 1) * W] for i in chosen])                # (n * W,)
+    model = smollm.load()
+    ref = ceval.reference(model, ids, window=W - 1, batch_size=4,
+                          bytes_per_token=smollm.bytes_per_token(), stride=W)
+    n_cal, T = SMOLLM["calib_rows"], SMOLLM["calib_tokens"]
+    calib = smollm.calibration_ids(n_cal * T).view(n_cal, T)
+    rows = score_variants(model, ref, calib, variants)
+    return {"run": run, "eval_overlap": data.topics_overlap(run),
+            "protocol_window_overlap": [data.verbatim_overlap(t, calib_text, run)
+                                        for t in texts[:n]],
+            "windows": chosen, "eval_windows": llm_int8.eval_windows(ref),
+            "reference_perplexity": ref.perplexity, "rows": rows}
+
+
 def add_sweep(model_name: str, alphas) -> int:
     """Add an alpha sweep to results/w8a8_<model>.json, on the file's own setup; the table's
     smoothed rows (alpha 0.5 and 0.8) join the sweep without being recomputed."""
@@ -284,12 +385,14 @@ def add_sweep(model_name: str, alphas) -> int:
     for act in ACT_MODES:
         rows = alpha_sweep(model, ref, calib, list(alphas), act)
         for r in saved["rows"]:
-            if r["kind"] == "w8a8" and r["fmt"] == "int8" and r["act"] == act and r["alpha"] is not None:
+            if r["kind"] == "w8a8" and r["fmt"] == "int8" and r["act"] == act \
+                    and r["alpha"] is not None and r.get("smoothed") == ["norms"]:
                 rows.append({"alpha": r["alpha"], "kl_nats": r["kl_nats"],
                              "top1_agreement": r["top1_agreement"]})
         sweep[act] = sorted(rows, key=lambda r: r["alpha"])
         print(act, [f"{r['alpha']}: {r['kl_nats']:.4f}" for r in sweep[act]])
     saved["alpha_sweep"] = sweep
+    saved["alpha_sweep_smoothed"] = ["norms"]
     path.write_text(json.dumps(saved, indent=1) + "\n")
     print("wrote", path)
     return 0
@@ -298,30 +401,64 @@ def add_sweep(model_name: str, alphas) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="W8A8 variants side by side -> results/w8a8_<model>.json")
     p.add_argument("--model", choices=["bundled", "smollm2"], default="bundled")
-    p.add_argument("--no-sweep", action="store_true", help="skip the alpha sweep")
+    p.add_argument("--no-sweep", action="store_true",
+                   help="skip the alpha sweep (the results file's sweep is kept)")
+    p.add_argument("--sweep-extra", nargs="*", default=[], choices=list(smoothquant.EXTRA_GROUPS),
+                   help="smoothing groups beyond the reference ones for the alpha sweep")
+    p.add_argument("--reuse", action="store_true",
+                   help="copy rows of the existing results file measured on the same windows and "
+                        "calibration instead of recomputing them")
     p.add_argument("--windows", type=int, default=None,
-                   help="SmolLM2: evaluation windows of 512 tokens (default 2; the protocol's 8)")
+                   help="SmolLM2: evaluation windows of 512 tokens (default: the protocol's 8)")
     p.add_argument("--sweep-only", type=float, nargs="+", default=None, metavar="ALPHA",
                    help="add an alpha sweep at these alphas to the existing results file")
+    p.add_argument("--overlap-check", action="store_true",
+                   help="SmolLM2: re-rank some variants on evaluation windows that share no "
+                        "100-character run with the calibration text -> "
+                        "results/w8a8_smollm2_overlap.json")
     args = p.parse_args(argv)
     if args.windows is not None:
         SMOLLM["n_windows"] = args.windows
+    if args.overlap_check:
+        out = overlap_check()
+        out["torch"] = torch.__version__
+        OVERLAP_FILE.write_text(json.dumps(out, indent=1) + "\n")
+        print("wrote", OVERLAP_FILE)
+        return 0
     if args.sweep_only:
         return add_sweep(args.model, args.sweep_only)
     torch.manual_seed(0)
     t0 = time.time()
     model, ref, calib = bundled_setup() if args.model == "bundled" else smollm_setup()
-    rows = score_variants(model, ref, calib)
-    sweep = {}
+    path = ROOT / "results" / f"w8a8_{args.model}.json"
+    reuse = []
+    if args.reuse and path.exists():
+        old = json.loads(path.read_text())
+        setup = BUNDLED if args.model == "bundled" else SMOLLM
+        if {k: old["setup"].get(k) for k in setup} == setup and \
+                abs(old["reference_bits_per_byte"] - ref.bits_per_byte) < 1e-9:
+            reuse = old["rows"]
+        else:
+            print("--reuse: the results file was measured on another setup; recomputing all")
+    rows = score_variants(model, ref, calib, reuse=reuse)
+    sweep, swept = {}, ["norms", *args.sweep_extra]
     if not args.no_sweep:
         for act in ACT_MODES:
-            sweep[act] = alpha_sweep(model, ref, calib, ALPHAS, act)
+            sweep[act] = alpha_sweep(model, ref, calib, ALPHAS, act, extra=args.sweep_extra)
             print(act, [f"{r['alpha']}: {r['kl_nats']:.5f}" for r in sweep[act]])
+    elif path.exists():         # keep the file's sweep, saying which groups it smoothed
+        old = json.loads(path.read_text())
+        sweep = old.get("alpha_sweep", {})
+        # files written before the reference default also smoothed down_proj
+        swept = old.get("alpha_sweep_smoothed", ["norms", "down_proj"])
+        if old.get("eval_windows", {}).get("n_windows", SMOLLM["n_windows"]) != \
+                llm_int8.eval_windows(ref)["n_windows"]:
+            sweep = {}
     out = {"model": args.model, "setup": BUNDLED if args.model == "bundled" else SMOLLM,
+           "eval_windows": llm_int8.eval_windows(ref), "alpha_sweep_smoothed": swept,
            "reference_bits_per_byte": ref.bits_per_byte, "reference_perplexity": ref.perplexity,
            "rows": rows, "alpha_sweep": sweep,
            "torch": torch.__version__, "seconds": round(time.time() - t0, 1)}
-    path = ROOT / "results" / f"w8a8_{args.model}.json"
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     print("wrote", path)
