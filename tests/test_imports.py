@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("5 benchmarks", (
         "kernels.bench", "kernels.bench_layers", "kernels.bench_peers", "kernels.bench_decode",
         "kernels.bench_targets", "kernels.sweep_gemv", "kernels.compile_check",
-        "course_lib.guide")),
+        "course_lib.guide", "course_lib.engine")),   # engine: lesson 13 (the engine branch)
     ("6 lessons' checks and widgets", (
         "course_lib.learner_progress", "course_lib.checks", "course_lib.widgets",
         "course_lib")),   # the package itself: course_lib.progress()
