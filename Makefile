@@ -29,27 +29,27 @@ test: setup
 # Stamp slide and nbgrader metadata (idempotent), then regenerate exercises/ from solutions/,
 # then the README's and docs/instructors.md's generated tables (CI fails when any is out of date).
 exercises: setup
-	$(PY) -m course_lib.nbmeta
-	$(PY) -m course_lib.exercises
-	$(PY) -m course_lib.workshop doc
+	$(PY) -m course_lib.authoring.nbmeta
+	$(PY) -m course_lib.authoring.exercises
+	$(PY) -m course_lib.authoring.workshop doc
 
 # Build a rendered copy of every notebook, with outputs, into rendered/ (not committed).
 render: setup
-	$(PY) -m course_lib.render
+	$(PY) -m course_lib.authoring.render
 
 # Build the course as a static HTML book (every notebook executed on CPU, with a contents page)
 # into rendered/book/ (not committed): open rendered/book/index.html.
 book: setup
-	$(PY) -m course_lib.book
+	$(PY) -m course_lib.authoring.book
 
 # Time every notebook in a test run (nbval, one torch thread) and rewrite the run-time tables
 # of README.md and docs/instructors.md from results/notebook_times.json.
 notebook-times: setup
 	mkdir -p rendered && rm -f rendered/notebook_times.jsonl
 	OMP_NUM_THREADS=1 NOTEBOOK_TIMES_LOG=$(CURDIR)/rendered/notebook_times.jsonl \
-		$(PY) -m pytest -q -p course_lib.notebook_timer notebooks solutions exercises
-	$(PY) -m course_lib.workshop times --log rendered/notebook_times.jsonl
-	$(PY) -m course_lib.workshop doc
+		$(PY) -m pytest -q -p course_lib.authoring.notebook_timer notebooks solutions exercises
+	$(PY) -m course_lib.authoring.workshop times --log rendered/notebook_times.jsonl
+	$(PY) -m course_lib.authoring.workshop doc
 
 # Retrain the bundled tiny model (about 30 minutes on 2 CPU cores).
 model: setup

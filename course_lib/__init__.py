@@ -10,20 +10,25 @@ Modules (each imported on demand, so `import course_lib` stays cheap):
 - ``bandwidth`` this machine's measured copy bandwidth (lessons 00, 10)
 - ``formats``  number formats bit by bit (lesson 01)
 - ``quant``    quantizers, block formats, packing, error metrics (lessons 02-03)
-- ``model``, ``eval``, ``activations``, ``qmodel`` the bundled model and its tooling (lesson 04)
+- ``data``     the texts: the bundled model's corpus, SmolLM2's reference text (lesson 04)
+- ``model``, ``eval``, ``activations``, ``qmodel`` the bundled model and its tooling (lesson 04);
+  ``train`` retrains it (``make model``)
 - ``smollm``, ``gguf_model`` the real LLM (SmolLM2-135M) from its GGUF file; its text (lesson 04)
 - ``methods``  quantization methods from the papers, one module each (lessons 05-08)
+- ``export``   a compressed-tensors checkpoint a serving engine loads (lessons 06-07)
 - ``kv``       quantized KV caches, their byte accounting and quality by position (lesson 11)
 - ``bench``    timing and the roofline (lessons 00, 09, 10)
 - ``validate`` the validation ladder: KL/top-1, a task, long generations (lesson 12)
 - ``guide``    the measured summary read from results/, which GPUs compute which formats,
                the decision rule, the serving commands, the common-mistakes quiz (lesson 12)
+- ``widgets``  the interactive widgets, one module per lesson that has one
 - ``learner_progress`` which exercises this learner has passed: ``course_lib.progress()``
-- ``exercises``, ``nbmeta``, ``grading`` tooling: exercises/ from solutions/, slide and nbgrader
-  metadata, an nbgrader course folder (for authors and instructors)
-- ``render``, ``book`` every notebook executed; the static HTML book (``make book``)
-- ``workshop``, ``notebook_timer`` the instructors' tables from measurements (run times from a
-  timed test run, exercises and difficulty, GPU figures): ``make notebook-times``
+- ``paths``    where the course folder is (``ROOT``)
+- ``authoring`` the course's machinery, not taught: the exercise generator, slide and nbgrader
+  metadata, grading, the rendered book, the run-time tables (for authors and instructors)
+
+The layers, bottom to top, and the rule that imports only go down: ``docs/architecture.md``
+(``tests/test_imports.py`` holds the code to it).
 """
 __version__ = "0.1.0"
 
@@ -31,5 +36,8 @@ __version__ = "0.1.0"
 def progress(reset: bool = False, path=None):
     """Which exercises you have passed, a table per lesson (every exercise notebook);
     ``reset=True`` starts again. See ``course_lib.learner_progress``."""
-    from course_lib.learner_progress import progress as _progress
-    return _progress(reset=reset, path=path)
+    from course_lib.checks import load_all
+    from course_lib.learner_progress import progress_table
+
+    titles = {exercise_id: ex.title for exercise_id, ex in load_all().items()}
+    return progress_table(titles, reset=reset, path=path)

@@ -366,32 +366,13 @@ def gain_by_batch(result: dict, fmt: str, layer_kn) -> dict[int, float]:
 
 
 def catalogue_gpu(device_name: str, memory_gb: float | None = None):
-    """The ``course_lib.hardware`` catalogue entry for a CUDA device name, or None.
+    """The ``course_lib.hardware`` catalogue entry for a CUDA device name, or None (lesson 10).
 
-    torch reports names such as "NVIDIA H100 80GB HBM3" or "NVIDIA A100-SXM4-40GB"; we map
-    them onto the catalogue's names (lesson 10).
-    """
-    from course_lib import hardware
+    It lives in ``hardware.catalogue_gpu`` (the catalogue's own module, below this one); this
+    name stays for the notebooks that import it from here."""
+    from course_lib.hardware import catalogue_gpu as from_catalogue
 
-    if not isinstance(device_name, str):
-        raise TypeError(f"device_name must be the name torch reports (a string, e.g. "
-                        f"torch.cuda.get_device_name(0)), got {type(device_name).__name__}")
-    if memory_gb is not None:
-        _number("memory_gb", memory_gb)
-
-    n = device_name.upper().replace("-", " ")
-    table = [("H200", "H200"), ("H100 PCIE", "H100 PCIe"), ("H100 NVL", "H100 NVL"),
-             ("H100", "H100 SXM"), ("L40S", "L40S"), ("4090", "RTX 4090"), ("B200", "B200"),
-             ("MI300X", "MI300X")]
-    for key, name in table:
-        if key in n and name in hardware.GPUS:
-            return hardware.GPUS[name]
-    if "T4" in n.split():                                                 # "Tesla T4"
-        return hardware.GPUS["T4"]
-    if "A100" in n:
-        small = "40GB" in n.replace(" ", "") or (memory_gb is not None and memory_gb < 60)
-        return hardware.GPUS.get("A100 40GB" if small else "A100 80GB")
-    return None
+    return from_catalogue(device_name, memory_gb)
 
 
 def plot_roofline(points, bandwidth_gbps: float, peak_tflops: float | None = None,

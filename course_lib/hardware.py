@@ -252,6 +252,33 @@ FP32_LANES_PER_SM = {(7, 0): 64, (7, 5): 64, (8, 0): 64, (8, 6): 128, (8, 7): 12
 DEFAULT_LATENCY_US = 1.0
 
 
+def catalogue_gpu(device_name: str, memory_gb: float | None = None):
+    """The catalogue entry for a CUDA device name, or None.
+
+    torch reports names such as "NVIDIA H100 80GB HBM3" or "NVIDIA A100-SXM4-40GB"; we map
+    them onto the catalogue's names (lesson 10).
+    """
+    if not isinstance(device_name, str):
+        raise TypeError(f"device_name must be the name torch reports (a string, e.g. "
+                        f"torch.cuda.get_device_name(0)), got {type(device_name).__name__}")
+    if memory_gb is not None:
+        _positive("memory_gb", memory_gb)
+
+    n = device_name.upper().replace("-", " ")
+    table = [("H200", "H200"), ("H100 PCIE", "H100 PCIe"), ("H100 NVL", "H100 NVL"),
+             ("H100", "H100 SXM"), ("L40S", "L40S"), ("4090", "RTX 4090"), ("B200", "B200"),
+             ("MI300X", "MI300X")]
+    for key, name in table:
+        if key in n and name in GPUS:
+            return GPUS[name]
+    if "T4" in n.split():                                                 # "Tesla T4"
+        return GPUS["T4"]
+    if "A100" in n:
+        small = "40GB" in n.replace(" ", "") or (memory_gb is not None and memory_gb < 60)
+        return GPUS.get("A100 40GB" if small else "A100 80GB")
+    return None
+
+
 def _cc(compute_capability) -> tuple[int, int]:
     cc = compute_capability
     if not (isinstance(cc, (tuple, list)) and len(cc) == 2
@@ -313,8 +340,6 @@ def device_issue_budget(props, bandwidth_tbps: float) -> dict:
     clock_ghz = clock_khz / 1e6
     source = "torch (clock_rate)"
     if clock_ghz <= 0:
-        from course_lib.bench import catalogue_gpu
-
         gpu = catalogue_gpu(props.name)
         if gpu is None or gpu.boost_clock_ghz is None:
             raise ValueError(f"torch reports no clock for {props.name} and the catalogue has no "
@@ -807,7 +832,7 @@ def model_table() -> str:
 __all__ = [
     "GB", "GIB", "TB", "USABLE_FRACTION", "DEFAULT_WORKSPACE_GB", "REALISTIC_EFFICIENCY",
     "Format", "FORMATS", "get_format", "bits_per_weight", "bits_with_scales",
-    "GPU", "GPUS", "get_gpu", "Model", "MODELS", "get_model",
+    "GPU", "GPUS", "get_gpu", "catalogue_gpu", "Model", "MODELS", "get_model",
     "weight_gb_from_bits", "weight_bytes", "weight_gb", "bytes_read_per_token",
     "kv_bytes_per_token", "kv_bytes_per_token_from_config", "model_kv_bytes_per_token",
     "kv_cache_gb", "conversations_that_fit", "decode_floor_ms", "tokens_per_second_ceiling",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from course_lib.exercises import ROOT
+from course_lib.paths import ROOT
 
 FILE_NAME = ".progress.json"
 ENV = "COURSE_PROGRESS_FILE"
@@ -170,13 +170,17 @@ class Progress:
         return "\n".join(parts)
 
 
-def progress(reset: bool = False, path: str | Path | None = None) -> Progress:
-    """Which exercises you have passed, lesson by lesson (every exercise notebook).
+def progress_table(exercises: dict[str, str], reset: bool = False,
+                   path: str | Path | None = None) -> Progress:
+    """Which of ``exercises`` ({exercise id: title}, in notebook order) you have passed, lesson
+    by lesson: what ``course_lib.progress()`` shows, given the checks' registry (this module
+    sits below ``course_lib.checks``, which records passes here, so it does not import it).
 
     ``reset=True`` forgets them all first. ``path``: a progress file other than the course's.
     """
-    from course_lib.checks import load_all
-
+    if not isinstance(exercises, dict):
+        raise TypeError(f"exercises must be a dict {{exercise id: title}} (course_lib.progress() "
+                        f"passes the checks' registry); got {type(exercises).__name__}")
     if not isinstance(reset, bool):
         raise TypeError(f"reset must be True or False, got {reset!r}")
     if reset:
@@ -184,8 +188,8 @@ def progress(reset: bool = False, path: str | Path | None = None) -> Progress:
     passed = load(path)
     names = lesson_names()
     lessons: dict[str, list[Row]] = {}
-    for ex_id, ex in load_all().items():   # lesson by lesson, in notebook order
+    for ex_id, title in exercises.items():   # lesson by lesson, in notebook order
         number = ex_id.split(".", 1)[0]
         at = passed.get(ex_id, {}).get("at")
-        lessons.setdefault(names.get(number, number), []).append(Row(ex_id, ex.title, at))
+        lessons.setdefault(names.get(number, number), []).append(Row(ex_id, title, at))
     return Progress(progress_file(path), lessons)

@@ -14,7 +14,13 @@ inputs, a plain-torch reference and a benchmark.
   fused kernel), int32 accumulation, scales in the epilogue; compute capability 8.0+ (lesson 08)
 - ``kernels.decode_attention`` one query per sequence against a BF16, FP8 or INT8 KV cache,
   dequantized in registers, online softmax, split along the context (lesson 11)
-- ``kernels.bench``    ``python -m kernels.bench``: the benchmark that writes ``results/*.json``
+- ``kernels._common``  what the kernel files share: input checks, launch plans, the
+  ``CompileJob`` and the ``Backend`` each file hands to the compiler check and the benchmark
+- ``kernels.bench``    ``python -m kernels.bench``: the benchmark that writes ``results/*.json``;
+  it runs the parts ``bench_layers`` (output check, layer timing, the JSON),
+  ``bench_peers`` (what a user would pick instead), ``bench_decode`` (the decoder stack,
+  tokens/s) and ``bench_targets`` (the course's targets, ``--separate``)
+- ``kernels.sweep_gemv`` ``python -m kernels.sweep_gemv``: launch plans of the GEMVs on a GPU
 - ``kernels.compile_check`` ``python -m kernels.compile_check``: compile every kernel for
   sm_75 ... sm_120 without a GPU and read the compiled code (instructions per weight byte,
   shared memory, tensor-core instruction)
@@ -22,6 +28,8 @@ inputs, a plain-torch reference and a benchmark.
 
 A new kernel file registers itself with one line in ``compile_check.KERNEL_MODULES`` (it
 provides ``compile_jobs``) and one in ``bench.GPU_KERNEL_MODULES`` (``bench_backends``).
+Kernel files import ``_common`` and ``course_lib``, never the benchmark, which imports them
+(``docs/architecture.md``).
 
 Without a CUDA GPU the kernels run through the Triton interpreter (``TRITON_INTERPRET=1``),
 which must be set *before* triton is imported: importing this package does that first.

@@ -1,13 +1,16 @@
 """Shared plumbing of the kernel wrappers: input checks, launch plans (lesson 09).
 
 Nothing here is a kernel; it keeps the kernel files short and their checks identical.
-``CompileJob`` is how each kernel file lists what ``kernels.compile_check`` compiles.
+``CompileJob`` is how each kernel file lists what ``kernels.compile_check`` compiles, and
+``Backend`` how it hands its kernel to the benchmark (``bench_backends``), so no kernel file
+imports the benchmark.
 """
 from __future__ import annotations
 
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import triton
@@ -268,3 +271,30 @@ def store_or_reduce(acc, y_ptr, ws_ptr, cnt_ptr, offs_m, offs_n, M, N, stride_ym
             tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=y_mask)
             tl.store(ws_ptrs, zeros, mask=y_mask)            # zero again for the next call
             tl.store(cnt_ptr + tile, 0)                      # every slice has arrived
+
+
+# ---------------------------------------------------------------- what the benchmark times
+
+@dataclass
+class Backend:
+    """One way to compute a linear layer: how to prepare W once, and how to apply it."""
+    name: str
+    prepare: Callable[[torch.Tensor], object]       # W (N, K) bf16/fp32 -> prepared state
+    apply: Callable[[torch.Tensor, object], torch.Tensor]   # (x (M, K), state) -> (M, N)
+    act_dtype: torch.dtype
+    weight_bits: float
+    group_size: int | None          # weights per scale (None: no scales)
+    baseline: bool = False
+    device: str | None = None       # "cpu": a CPU-only op (runs on CPU tensors even on a GPU
+                                    # machine); None: the benchmark's device
+    max_rel_err: float | None = None  # the output check before timing (None: from the bits)
+
+    def tolerance(self) -> float:
+        """Relative error against exact fp32 F.linear that still counts as a right answer.
+
+        Quantization alone gives about 12% at INT4 group 128 on random weights, 1-3% at 8
+        bits; a broken kernel is off by 100% or more.
+        """
+        if self.max_rel_err is not None:
+            return self.max_rel_err
+        return 0.3 if self.weight_bits <= 4 else 0.08 if self.weight_bits <= 8 else 0.02

@@ -415,7 +415,7 @@ def fp8_w8a8_reference(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor
 def bench_backends(act_dtype=torch.bfloat16, with_fp8: bool = False):
     """This file's entry in the GPU benchmark (``kernels.bench.GPU_KERNEL_MODULES``): only
     where FP8 maths runs (``with_fp8``: compute capability 8.9+ or the interpreter)."""
-    from kernels.bench import Backend
+    from kernels._common import Backend
 
     if not with_fp8:
         return []

@@ -701,7 +701,7 @@ def w4a16_reference(x: torch.Tensor, wt: W4A16Weight) -> torch.Tensor:
 
 def bench_backends(act_dtype=torch.bfloat16, with_fp8: bool = False):
     """This file's entry in the GPU benchmark (``kernels.bench.GPU_KERNEL_MODULES``)."""
-    from kernels.bench import Backend
+    from kernels._common import Backend
 
     return [Backend("w4a16 g128", lambda w: quantize_weight(w, 128),
                     lambda x, st: w4a16_linear(x, st), act_dtype, 4, 128)]

@@ -326,7 +326,7 @@ def w8a16_reference(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor) -> 
 
 def bench_backends(act_dtype=torch.bfloat16, with_fp8: bool = False):
     """This file's entry in the GPU benchmark (``kernels.bench.GPU_KERNEL_MODULES``)."""
-    from kernels.bench import Backend
+    from kernels._common import Backend
 
     return [Backend("w8a16", quantize_weight, lambda x, st: w8a16_linear(x, *st),
                     act_dtype, 8, "per_channel")]

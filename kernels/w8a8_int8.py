@@ -362,7 +362,7 @@ def benchmark(shapes=((4096, 4096), (8192, 8192)), batches=(1, 16, 256, 4096),
 def bench_backends(act_dtype=torch.bfloat16, with_fp8: bool = False):
     """This file's entry in the GPU benchmark (``kernels.bench.GPU_KERNEL_MODULES``): only
     where the INT8 kernel runs (compute capability 8.0+, or the interpreter)."""
-    from kernels.bench import Backend
+    from kernels._common import Backend
 
     if not int8_supported()[0]:
         return []

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from course_lib import bench, quant
+from course_lib import hardware as hw
 from kernels import bench as kbench
+from kernels import bench_decode, bench_layers, bench_peers
 
 
 # ---- counting and the roofline -------------------------------------------------------------
@@ -48,6 +50,7 @@ def test_ridge_point_and_roofline_h100():
 def test_catalogue_lookup(name, mem, expected):
     gpu = bench.catalogue_gpu(name, mem)
     assert (gpu.name if gpu else None) == expected
+    assert hw.catalogue_gpu(name, mem) is gpu      # the catalogue's own function, below bench
 
 
 def test_plot_roofline_draws_points():
@@ -193,12 +196,12 @@ def test_clone_makes_independent_weight_copies():
     from kernels.w4a16 import quantize_weight
 
     wt = quantize_weight(torch.randn(8, 64), 32, symmetric=False)
-    copy = kbench._clone(wt)
+    copy = bench_layers._clone(wt)
     assert copy.packed is not wt.packed and torch.equal(copy.packed, wt.packed)
     assert copy.group_size == 32 and torch.equal(copy.zero, wt.zero)
-    assert kbench._state_bytes(wt) == 8 * 32 + 8 * 2 * 2 + 8 * 2 * 4     # uint8 + fp16 + int32
+    assert bench_layers._state_bytes(wt) == 8 * 32 + 8 * 2 * 2 + 8 * 2 * 4     # uint8 + fp16 + int32
     pair = (torch.zeros(3, dtype=torch.int8), torch.zeros(3))
-    assert kbench._state_bytes(kbench._clone(pair)) == 3 + 12
+    assert bench_layers._state_bytes(bench_layers._clone(pair)) == 3 + 12
 
 
 def test_time_gpu_graph_refuses_without_gpu():
@@ -358,7 +361,7 @@ def test_fp8_rowwise_peer_pads_a_decode_batch():
     """torch._scaled_mm needs multiples of 16 rows; the peer pads a batch of 3 and cuts."""
     w, x = torch.randn(32, 64), torch.randn(3, 64)
     try:
-        y = kbench._fp8_rowwise(x, kbench._fp8_rowwise_prepare(w))
+        y = bench_peers._fp8_rowwise(x, bench_peers._fp8_rowwise_prepare(w))
     except (RuntimeError, NotImplementedError) as err:      # not every CPU build has it
         pytest.skip(f"torch._scaled_mm row-wise unavailable here: {err}")
     assert y.shape == (3, 32)
@@ -460,7 +463,7 @@ def test_cuda_graph_capture_falls_back_to_eager_and_says_so(capsys):
         pytest.skip("checks the fallback taken when capture fails (no CUDA here)")
     calls = []
     step = lambda: calls.append(1)                                  # noqa: E731
-    fn, graphed = kbench._cuda_graph(step)
+    fn, graphed = bench_decode._cuda_graph(step)
     assert fn is step and graphed is False and len(calls) == 3   # warm-up ran, capture failed
     assert "CUDA graph capture failed, timing eagerly" in capsys.readouterr().out
 
@@ -478,7 +481,7 @@ def test_layer_timer_uses_the_graph_time_or_falls_back_to_eager(monkeypatch, cap
         seen.append(len(fns))
         return 1.25
     monkeypatch.setattr(kbench.bench, "time_gpu_graph", graph)
-    ms, extra = kbench._time_gpu_layer([b], states, xs)
+    ms, extra = bench_layers._time_gpu_layer([b], states, xs)
     # enough weight copies to overflow 3x the L2 cache (3 MiB / 512 B), capped at 64
     assert seen == [64] and ms == {b.name: 1.25}
     assert extra[b.name] == {"ms_eager": 2.5, "cuda_graph": True, "weight_copies": 64}
@@ -486,7 +489,7 @@ def test_layer_timer_uses_the_graph_time_or_falls_back_to_eager(monkeypatch, cap
     def broken(fns):
         raise RuntimeError("operation not permitted when stream is capturing")
     monkeypatch.setattr(kbench.bench, "time_gpu_graph", broken)
-    ms, extra = kbench._time_gpu_layer([b], states, xs)
+    ms, extra = bench_layers._time_gpu_layer([b], states, xs)
     assert ms == {b.name: 2.5}                                      # the eager time, recorded as such
     assert extra[b.name] == {"ms_eager": 2.5, "cuda_graph": False, "weight_copies": 1}
     assert "CUDA graph timing failed, eager time used: RuntimeError" in capsys.readouterr().out

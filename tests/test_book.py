@@ -1,4 +1,4 @@
-"""The rendered book (course_lib.book, `make book`), built for two lessons: each page holds the
+"""The rendered book (course_lib.authoring.book, `make book`), built for two lessons: each page holds the
 executed notebook with its outputs and plots and links to its neighbours; the contents page
 links every page and its sections; nothing in a page needs the network but MathJax and the
 widget manager (the build itself fetches nothing)."""
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from course_lib import book
+from course_lib.authoring import book
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ def test_bad_arguments_say_what_to_pass():
 
 
 def test_render_refuses_what_is_not_a_notebook(tmp_path):
-    from course_lib import render
+    from course_lib.authoring import render
     with pytest.raises(FileNotFoundError, match=r"is not a notebook file \(\.ipynb\) that exists"):
         render.render(tmp_path / "missing.ipynb", tmp_path)
     (tmp_path / "notes.txt").write_text("x")

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from course_lib.exercises import make_exercise, strip_solutions
+from course_lib.authoring.exercises import make_exercise, strip_solutions
 
 
 def test_block_becomes_not_implemented_with_indent_and_hint():
@@ -57,7 +57,7 @@ def test_what_is_not_a_cell_or_a_notebook_is_refused():
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from course_lib.exercises import graded_cells_that_display  # noqa: E402
+from course_lib.authoring.exercises import graded_cells_that_display  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
@@ -103,7 +103,7 @@ def test_no_graded_cell_displays_a_check_result(path):
 
 
 def test_bare_checks_are_named_mechanically():
-    from course_lib.exercises import name_graded_results
+    from course_lib.authoring.exercises import name_graded_results
     nb = _graded('x = 2\ncheck("09.unpack_int4_bits", unpack_int4_bits)\n')
     nb["cells"].append({"cell_type": "code", "id": "other", "source": "hint('09.x')",
                         "metadata": {"nbgrader": {"grade": True}}})
@@ -117,7 +117,7 @@ def test_bare_checks_are_named_mechanically():
 
 
 def test_naming_the_bare_checks_of_a_lesson_leaves_none(tmp_path):
-    from course_lib.exercises import name_graded_results
+    from course_lib.authoring.exercises import name_graded_results
     for path in SOLUTIONS:
         nb = json.loads(path.read_text())
         name_graded_results(nb)

@@ -1,8 +1,8 @@
-"""course_lib.grading refuses bad input with a clear message (issue 19); the nbgrader round
+"""course_lib.authoring.grading refuses bad input with a clear message (issue 19); the nbgrader round
 trip itself is tests/test_nbgrader.py."""
 import pytest
 
-from course_lib.grading import lessons, main, setup_course
+from course_lib.authoring.grading import lessons, main, setup_course
 
 
 def test_only_picks_lessons_by_number_or_name(tmp_path):

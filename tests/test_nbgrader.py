@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from nbgrader.api import Gradebook
 
-from course_lib.exercises import BEGIN, END
-from course_lib.grading import lessons, setup_course
+from course_lib.authoring.exercises import BEGIN, END
+from course_lib.authoring.grading import lessons, setup_course
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = lessons()
@@ -80,7 +80,7 @@ def test_release_has_no_solution_and_equals_exercises(course, name):
     exercise = _cells(ROOT / "exercises" / f"{name}.ipynb")
     assert [(c["id"], c["cell_type"], _src(c)) for c in cells] == \
         [(c["id"], c["cell_type"], _src(c)) for c in exercise]
-    # (equal to exercises/ also means course_lib.grading's stub, hints kept, replaced nbgrader's)
+    # (equal to exercises/ also means course_lib.authoring.grading's stub, hints kept, replaced nbgrader's)
     assert sum(_src(c).count('raise NotImplementedError("exercise') for c in cells) >= 2
 
 

@@ -1,4 +1,4 @@
-"""Slide and nbgrader metadata (course_lib.nbmeta): stamped, idempotent, one slide per section."""
+"""Slide and nbgrader metadata (course_lib.authoring.nbmeta): stamped, idempotent, one slide per section."""
 import json
 import re
 from html.parser import HTMLParser
@@ -9,9 +9,9 @@ import pytest
 from nbconvert import SlidesExporter
 from nbgrader.nbgraderformat import MetadataValidator
 
-from course_lib import nbmeta
+from course_lib.authoring import nbmeta
 from course_lib.checks import load_all
-from course_lib.exercises import dumps
+from course_lib.authoring.exercises import dumps
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
@@ -93,8 +93,8 @@ def test_lessons_get_slides_but_no_nbgrader_metadata():
 
 def test_committed_notebooks_are_stamped():
     stale = nbmeta.unstamped()
-    assert not stale, (f"not stamped: {stale}; run `python -m course_lib.nbmeta && "
-                       f"python -m course_lib.exercises` and commit")
+    assert not stale, (f"not stamped: {stale}; run `python -m course_lib.authoring.nbmeta && "
+                       f"python -m course_lib.authoring.exercises` and commit")
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.name)

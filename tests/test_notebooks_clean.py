@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.exercises import BEGIN, END, stale_exercises
+from course_lib.authoring.exercises import BEGIN, END, stale_exercises
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL = sorted(p for d in ("notebooks", "solutions", "exercises", "templates")

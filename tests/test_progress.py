@@ -94,6 +94,15 @@ def test_reset_must_be_a_bool(store):
         course_lib.progress(reset="yes")
 
 
+def test_the_table_takes_the_titles_it_is_given(store):
+    """learner_progress sits below the checks (they record passes in it): it draws the table
+    from the {id: title} that course_lib.progress() passes, and refuses anything else."""
+    p = learner_progress.progress_table({"02.absmax_quantize": "a title"})
+    assert p.total == 1 and p.lessons["02 absmax and zero points"][0].title == "a title"
+    with pytest.raises(TypeError, match=r"exercises must be a dict \{exercise id: title\}"):
+        learner_progress.progress_table(["02.absmax_quantize"])
+
+
 def test_the_default_file_is_in_the_course_folder_and_git_ignored(monkeypatch):
     monkeypatch.delenv("COURSE_PROGRESS_FILE", raising=False)
     assert learner_progress.progress_file() == ROOT / ".progress.json"

@@ -120,8 +120,9 @@ def test_lessons_00_to_04_are_in_their_own_words():
     files = [p for d in ("notebooks", "solutions", "exercises")
              for p in sorted((ROOT / d).glob("0[0-4]_*.ipynb"))]
     files += sorted((ROOT / "course_lib" / "checks").glob("lesson0[0-4].py"))
-    files += [ROOT / "course_lib" / "checks" / "__init__.py", ROOT / "course_lib" / "grading.py",
-              ROOT / "course_lib" / "exercises.py", ROOT / "course_lib" / "learner_progress.py"]
+    files += [ROOT / "course_lib" / "checks" / "__init__.py", ROOT / "course_lib" / "authoring" / "grading.py",
+              ROOT / "course_lib" / "authoring" / "exercises.py",
+              ROOT / "course_lib" / "learner_progress.py"]
     assert len(files) == 15 + 9
     found = [f"{p.relative_to(ROOT)}: {run}" for p in files
              for run in seed_overlap.overlaps(seed_overlap.file_text(p), grams)]

@@ -1,5 +1,5 @@
 """The workshop kit's tables are read from measurements: the notebook timer writes what a test
-run took, course_lib.workshop turns it into results/notebook_times.json and the tables of
+run took, course_lib.authoring.workshop turns it into results/notebook_times.json and the tables of
 docs/instructors.md and README.md, which must match what the records say now."""
 import json
 import subprocess
@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from course_lib import workshop
+from course_lib.authoring import workshop
 
 
 def test_generated_tables_match_the_records():
     stale = workshop.stale_documents()
-    assert not stale, (f"{stale}: run `make exercises` (or `python -m course_lib.workshop doc`); "
+    assert not stale, (f"{stale}: run `make exercises` (or `python -m course_lib.authoring.workshop doc`); "
                        "after a notebook changed its run time, `make notebook-times`")
 
 
@@ -81,7 +81,7 @@ def test_timer_plugin_times_a_notebook_in_a_test_run(tmp_path):
     nbformat.write(nb, path)
     log = tmp_path / "times.jsonl"
     env = {**__import__("os").environ, "NOTEBOOK_TIMES_LOG": str(log)}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "course_lib.notebook_timer",
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "course_lib.authoring.notebook_timer",
                           "--nbval-lax", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(path)],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from course_lib.exercises import dumps  # noqa: E402
+from course_lib.authoring.exercises import dumps  # noqa: E402
 
 KERNEL = {"display_name": "Python 3", "language": "python", "name": "python3"}
 

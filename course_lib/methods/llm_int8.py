@@ -30,9 +30,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib import quant
+# The exact INT8 matmul and the tables' setups live one module below, shared with W8A8 (lesson
+# 08); lesson 05 calls them from here (llm_int8.int8_matmul_int32).
+from course_lib.methods.int8_common import QMAX, eval_windows, int8_matmul_int32  # noqa: F401
 
 DEFAULT_THRESHOLD = 6.0
-QMAX = 127
 OUTLIER_MODES = ("fp16", "int8", "zero")
 
 
@@ -62,26 +64,6 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                          f"{getattr(x, 'dtype', '')}")
     qt = quant.quantize(x.float(), "int8", "per_token")    # refuses NaN / inf itself
     return qt.q, qt.scale.reshape(-1).float()                         # (R, K) int8, (R,) fp32
-
-
-def int8_matmul_int32(xq: torch.Tensor, wq: torch.Tensor) -> torch.Tensor:
-    """acc[m, n] = sum_k xq[m, k] * wq[n, k] in int32, exactly (lesson 05).
-
-    xq (M, K) int8, wq (N, K) int8 (the ``nn.Linear`` layout). Each product is at most
-    127 * 127 = 16129, so int32 holds the sum for K up to 133,000 features. CPU torch has no
-    fast int8 matmul, so the sum runs in floating point that holds every partial sum exactly:
-    fp32 (integers up to 2**24) while K * 16129 < 2**24, i.e. K <= 1040, float64 beyond.
-    The result is the exact int32 accumulator a GPU's INT8 tensor cores give.
-    """
-    if xq.dtype != torch.int8 or wq.dtype != torch.int8:
-        raise TypeError(f"both operands must be int8 codes; got {xq.dtype} and {wq.dtype}")
-    if xq.dim() != 2 or wq.dim() != 2 or xq.shape[1] != wq.shape[1]:
-        raise ValueError(f"expected xq (M, K) and wq (N, K) with the same K; got "
-                         f"{tuple(xq.shape)} and {tuple(wq.shape)}")
-    if xq.shape[1] > 133_000:
-        raise ValueError(f"K = {xq.shape[1]} could overflow an int32 accumulator (K <= 133,000)")
-    exact = torch.float32 if xq.shape[1] * QMAX * QMAX < 2 ** 24 else torch.float64
-    return (xq.to(exact) @ wq.to(exact).T).to(torch.int32)              # (M, N) exact
 
 
 def vectorwise_int8_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -383,17 +365,6 @@ def outlier_facts(model, calib_ids: torch.Tensor, ref=None, threshold: float = D
     return out
 
 
-def eval_windows(ref) -> dict:
-    """How a reference was scored: {"n_windows", "window_tokens" (predictions per window)}.
-
-    Every results file of lessons 05 and 08 records it, so that a notebook compares only
-    numbers measured on the same windows (lesson 05 asserts it)."""
-    if not hasattr(ref, "targets") or not hasattr(ref, "window"):
-        raise TypeError(f"ref must be a course_lib.eval.Reference (from eval.reference or "
-                        f"smollm.reference); got {type(ref).__name__}")
-    return {"n_windows": int(ref.targets.numel() // ref.window), "window_tokens": int(ref.window)}
-
-
 def main(argv=None) -> int:
     import argparse
     import json
@@ -404,10 +375,10 @@ def main(argv=None) -> int:
     p.add_argument("--windows", type=int, default=None,
                    help="SmolLM2: evaluation windows of 512 tokens (default: the protocol's 8)")
     args = p.parse_args(argv)
-    from course_lib.methods import w8a8
+    from course_lib.methods import int8_common as setups
     if args.windows is not None:
-        w8a8.SMOLLM["n_windows"] = args.windows
-    model, ref, calib = w8a8.bundled_setup() if args.model == "bundled" else w8a8.smollm_setup()
+        setups.SMOLLM["n_windows"] = args.windows
+    model, ref, calib = setups.bundled_setup() if args.model == "bundled" else setups.smollm_setup()
     out = outlier_facts(model, calib, ref)
     out["model"] = args.model
     path = Path(__file__).resolve().parents[2] / "results" / f"llm_int8_{args.model}.json"

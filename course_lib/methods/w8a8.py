@@ -10,7 +10,7 @@ of two ways:
 - ``dynamic_per_token``: each token (row of x) gets its own scale max|x_row| / qmax, computed
   on the fly (a small extra kernel on a GPU, ``kernels.w8a8_int8`` / ``kernels.fp8_w8a8``).
 
-INT8 products are summed exactly in int32 (``llm_int8.int8_matmul_int32``); FP8 E4M3 codes
+INT8 products are summed exactly in int32 (``int8_common.int8_matmul_int32``); FP8 E4M3 codes
 are the values of ``course_lib.formats``' grid (the same codes and scales as
 ``kernels.fp8_w8a8``'s GPU kernel, bit for bit) multiplied and summed in fp32, as the GPU
 kernel accumulates. ``SmoothQuant`` (``methods.smoothquant``) is applied before quantizing.
@@ -35,6 +35,8 @@ import torch.nn as nn
 
 from course_lib import quant
 from course_lib.methods import llm_int8, smoothquant
+from course_lib.methods.int8_common import (BUNDLED, SMOLLM, bundled_setup, eval_windows,
+                                            int8_matmul_int32, smollm_setup)
 
 FORMATS = {"int8": 127.0, "fp8_e4m3": 448.0}     # qmax: the largest code
 ACT_MODES = ("static_per_tensor", "dynamic_per_token")
@@ -118,7 +120,7 @@ def w8a8_matmul(xq, xs, w_q, w_scale) -> torch.Tensor:
                          f"({w_q.shape[0]},) (one per output channel); got {tuple(xs.shape)} and "
                          f"{tuple(w_scale.shape)}")
     if xq.dtype == torch.int8:
-        acc = llm_int8.int8_matmul_int32(xq, w_q).float()                 # (M, N)
+        acc = int8_matmul_int32(xq, w_q).float()                 # (M, N)
     else:
         acc = xq.float() @ w_q.float().T                                  # (M, N)
     return acc * xs[:, None] * w_scale[None, :]
@@ -294,37 +296,8 @@ def alpha_sweep(model, ref, calib_ids, alphas, act: str = "static_per_tensor",
 
 # ---------------------------------------------------------------------------- the command
 
-# the bundled model: the evaluation slice of lesson 04, calibration from later in the file
-BUNDLED = {"eval_bytes": 6144, "window": 256, "calib_offset": 32768, "calib_rows": 8}
-SMOLLM = {"n_windows": 8, "calib_tokens": 512, "calib_rows": 2}   # the protocol's 8 windows
+# the models' setups (BUNDLED, SMOLLM, bundled_setup, smollm_setup): course_lib.methods.int8_common
 ALPHAS = (0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-
-
-def bundled_setup():
-    """(model, reference, calibration ids (rows, 256)) of the bundled model's table."""
-    from course_lib import data
-    from course_lib import eval as ceval
-    from course_lib.model import load_pretrained
-
-    model = load_pretrained()
-    text = data.heldout_text()
-    ref = ceval.reference(model, text[:BUNDLED["eval_bytes"] + 1], window=BUNDLED["window"])
-    o, n = BUNDLED["calib_offset"], BUNDLED["calib_rows"] * 256
-    calib = data.to_tensor(text[o:o + n]).view(BUNDLED["calib_rows"], 256)
-    return model, ref, calib
-
-
-def smollm_setup():
-    """(model, reference, calibration ids) for SmolLM2-135M (``course_lib.smollm``)."""
-    from course_lib import smollm
-
-    if not smollm.available():
-        raise RuntimeError(f"SmolLM2 is not installed here: {smollm.INSTALL}, then "
-                           f"python -m course_lib.smollm")
-    model = smollm.load()
-    ref = smollm.reference(model, n_windows=SMOLLM["n_windows"])
-    n, T = SMOLLM["calib_rows"], SMOLLM["calib_tokens"]
-    return model, ref, smollm.calibration_ids(n * T).view(n, T)   # never the evaluation text
 
 
 #: The variants re-ranked on overlap-free windows (``--overlap-check``): no smoothing, the
@@ -370,7 +343,7 @@ def overlap_check(run: int = 100, search: int = 32, variants=OVERLAP_VARIANTS) -
     return {"run": run, "eval_overlap": data.topics_overlap(run),
             "protocol_window_overlap": [data.verbatim_overlap(t, calib_text, run)
                                         for t in texts[:n]],
-            "windows": chosen, "eval_windows": llm_int8.eval_windows(ref),
+            "windows": chosen, "eval_windows": eval_windows(ref),
             "reference_perplexity": ref.perplexity, "rows": rows}
 
 
@@ -452,10 +425,10 @@ def main(argv=None) -> int:
         # files written before the reference default also smoothed down_proj
         swept = old.get("alpha_sweep_smoothed", ["norms", "down_proj"])
         if old.get("eval_windows", {}).get("n_windows", SMOLLM["n_windows"]) != \
-                llm_int8.eval_windows(ref)["n_windows"]:
+                eval_windows(ref)["n_windows"]:
             sweep = {}
     out = {"model": args.model, "setup": BUNDLED if args.model == "bundled" else SMOLLM,
-           "eval_windows": llm_int8.eval_windows(ref), "alpha_sweep_smoothed": swept,
+           "eval_windows": eval_windows(ref), "alpha_sweep_smoothed": swept,
            "reference_bits_per_byte": ref.bits_per_byte, "reference_perplexity": ref.perplexity,
            "rows": rows, "alpha_sweep": sweep,
            "torch": torch.__version__, "seconds": round(time.time() - t0, 1)}

@@ -1,7 +1,7 @@
 """Build a rendered copy of the course, with outputs, into ``rendered/`` (never committed).
 
-    python -m course_lib.render                 # every notebook in notebooks/ and solutions/
-    python -m course_lib.render notebooks/00_the_bill.ipynb
+    python -m course_lib.authoring.render                 # every notebook in notebooks/ and solutions/
+    python -m course_lib.authoring.render notebooks/00_the_bill.ipynb
 
 Each notebook runs from a fresh kernel, as a learner would run it, and is saved with its
 outputs; an instructor can then read it, or turn it into slides with
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from course_lib.paths import ROOT
 
 
 def render(path: Path, out_root: Path, timeout_s: int = 900, env: dict | None = None) -> float:

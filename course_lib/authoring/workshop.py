@@ -4,10 +4,10 @@ test run, exercises and their difficulty from ``solutions/``, GPU figures from
 the lessons table of ``README.md`` (``tests/test_workshop.py`` fails when a table is stale).
 
     make notebook-times        # a timed test run of every notebook, then the two commands below
-    python -m course_lib.workshop times --log /tmp/times.jsonl [--note "..."]
+    python -m course_lib.authoring.workshop times --log /tmp/times.jsonl [--note "..."]
                                # the timer plugin's log -> results/notebook_times.json
-    python -m course_lib.workshop doc          # rewrite the generated tables
-    python -m course_lib.workshop doc --check  # exit 1 if a table is stale
+    python -m course_lib.authoring.workshop doc          # rewrite the generated tables
+    python -m course_lib.authoring.workshop doc --check  # exit 1 if a table is stale
 
 A generated table sits between ``<!-- BEGIN GENERATED: name -->`` and
 ``<!-- END GENERATED: name -->``; edit the prose around it, not the table.
@@ -23,7 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from course_lib.paths import ROOT
+
 TIMES = ROOT / "results" / "notebook_times.json"
 DOCS = {"instructors": ROOT / "docs" / "instructors.md", "readme": ROOT / "README.md"}
 FOLDERS = ("notebooks", "solutions", "exercises")
@@ -124,12 +125,12 @@ def machine() -> dict:
 
 
 def times_from_log(log: Path, note: str = "") -> dict:
-    """The timer plugin's JSON lines (course_lib.notebook_timer) -> the timing record. The last
+    """The timer plugin's JSON lines (course_lib.authoring.notebook_timer) -> the timing record. The last
     line of a notebook wins; a notebook with a failed cell is refused (time a passing run)."""
     rows = [json.loads(l) for l in Path(log).read_text().splitlines() if l.strip()]
     if not rows:
         raise ValueError(f"{log} holds no notebook timings: run pytest with "
-                         "-p course_lib.notebook_timer and NOTEBOOK_TIMES_LOG set")
+                         "-p course_lib.authoring.notebook_timer and NOTEBOOK_TIMES_LOG set")
     notebooks = {}
     for r in rows:
         if r["failed"]:
@@ -139,7 +140,7 @@ def times_from_log(log: Path, note: str = "") -> dict:
     loads = [r["load_average"][0] for r in rows]
     return {"schema": 1,
             "how": "pytest with nbval over the notebooks, one kernel per notebook "
-                   "(course_lib.notebook_timer): wall_s from the first cell's setup (kernel "
+                   "(course_lib.authoring.notebook_timer): wall_s from the first cell's setup (kernel "
                    "start) to the kernel's shutdown; kernel_cpu_s the kernel process's user + "
                    "system CPU seconds",
             "measured": time.strftime("%Y-%m-%d", time.localtime(Path(log).stat().st_mtime)),
@@ -322,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = stale_documents()
         if stale:
-            print(f"stale: {stale}; run python -m course_lib.workshop doc")
+            print(f"stale: {stale}; run python -m course_lib.authoring.workshop doc")
         return 1 if stale else 0
     times = load_times()
     for doc, tables in sections(times).items():

@@ -1,7 +1,7 @@
 """Grade the course's exercises with nbgrader (for instructors).
 
-    python -m course_lib.grading COURSE_DIR            # every lesson
-    python -m course_lib.grading COURSE_DIR 02 04      # some lessons
+    python -m course_lib.authoring.grading COURSE_DIR            # every lesson
+    python -m course_lib.authoring.grading COURSE_DIR 02 04      # some lessons
     cd COURSE_DIR
     nbgrader generate_assignment 02_absmax_and_zero_points --force   # -> release/
     # learners' notebooks go to submitted/<student>/<lesson>/<lesson>.ipynb, then
@@ -10,7 +10,7 @@
 
 The command makes an nbgrader course folder: one assignment per lesson, whose source is the
 lesson's solution notebook (``solutions/``, stamped with nbgrader's cell metadata by
-``course_lib.nbmeta``), and an ``nbgrader_config.py`` that
+``course_lib.authoring.nbmeta``), and an ``nbgrader_config.py`` that
 
 - sets ``COURSE_CHECKS=grading`` for the kernels nbgrader starts, so that ``check(...)`` raises
   unless the answer passes: an unsolved or wrong exercise scores 0, a passing one its points;
@@ -32,10 +32,10 @@ from pathlib import Path
 from nbgrader.converters import GenerateAssignment
 from nbgrader.preprocessors import ClearSolutions
 
-from course_lib.exercises import ROOT, strip_solutions
+from course_lib.authoring.exercises import ROOT, strip_solutions
 
 CONFIG = '''\
-# nbgrader configuration for "Quantization, Hands On" (written by python -m course_lib.grading).
+# nbgrader configuration for "Quantization, Hands On" (written by python -m course_lib.authoring.grading).
 import os
 
 # check(...) raises unless the answer passes, so nbgrader's autograder sees a failed test cell
@@ -43,7 +43,7 @@ import os
 # (First, so that it holds even if the import below fails: nbgrader goes on after a config error.)
 os.environ["COURSE_CHECKS"] = "grading"
 
-from course_lib.grading import release_preprocessors  # noqa: E402
+from course_lib.authoring.grading import release_preprocessors  # noqa: E402
 
 c = get_config()  # noqa: F821 (nbgrader provides it)
 c.CourseDirectory.course_id = "quantization-hands-on"
@@ -104,7 +104,7 @@ def release_preprocessors() -> list:
 
 
 class ClearSolutionsKeepHints(ClearSolutions):
-    """nbgrader's ClearSolutions, writing the stub ``course_lib.exercises`` writes (the
+    """nbgrader's ClearSolutions, writing the stub ``course_lib.authoring.exercises`` writes (the
     ``# HINT:`` lines of a solution block stay), so that a release equals ``exercises/``."""
 
     def _replace_solution_region(self, cell, language):

@@ -1,12 +1,12 @@
 """Build the course as a static HTML book: every notebook executed on CPU, with its outputs and
 plots, one page per notebook, and a contents page (``make book``).
 
-    python -m course_lib.book                     # lessons and solved exercises -> rendered/book/
-    python -m course_lib.book --only 00 01        # just these lessons (CI builds two)
-    python -m course_lib.book --no-solutions      # lessons only
+    python -m course_lib.authoring.book                     # lessons and solved exercises -> rendered/book/
+    python -m course_lib.authoring.book --only 00 01        # just these lessons (CI builds two)
+    python -m course_lib.authoring.book --no-solutions      # lessons only
 
 The tool is nbconvert (it comes with JupyterLab): each notebook runs from a fresh kernel with
-nbclient (``course_lib.render``), then nbconvert's ``lab`` HTML template turns it into a
+nbclient (``course_lib.authoring.render``), then nbconvert's ``lab`` HTML template turns it into a
 self-contained page (CSS and plots inline). The contents page is itself a small notebook of
 links, converted by the same template. Nothing is fetched while building. Read offline, a page
 shows everything but the live widgets: their saved state needs the ipywidgets HTML manager
@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from course_lib.render import ROOT, render
+from course_lib.authoring.render import ROOT, render
 
 READING = re.compile(r"about (\d+) minutes to read")
 HEADING_ID = re.compile(r"<h([12]) id=\"([^\"]+)\"[^>]*>(.*?)</h\1>", re.S)

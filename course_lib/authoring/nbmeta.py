@@ -1,8 +1,8 @@
 """Give every notebook slide metadata and nbgrader metadata, derived from its content.
 
-    python -m course_lib.nbmeta            # stamp notebooks/ and solutions/ in place
-    python -m course_lib.nbmeta --check    # exit 1 if any notebook would change (tests run this)
-    python -m course_lib.exercises         # then carry solutions/' metadata into exercises/
+    python -m course_lib.authoring.nbmeta            # stamp notebooks/ and solutions/ in place
+    python -m course_lib.authoring.nbmeta --check    # exit 1 if any notebook would change (tests run this)
+    python -m course_lib.authoring.exercises         # then carry solutions/' metadata into exercises/
 
 The stamper is idempotent: it computes all of its metadata from the cells' text, so running it
 twice changes nothing, and it can be rerun after any edit (a new lesson included).
@@ -17,7 +17,7 @@ Slides (``jupyter nbconvert --to slides``; every notebook):
 - plumbing is skipped: cells of imports only, and the device summary (first code cell);
 - everything else continues the slide it is in.
 
-nbgrader (solution notebooks only; ``exercises/`` inherits it through ``course_lib.exercises``):
+nbgrader (solution notebooks only; ``exercises/`` inherits it through ``course_lib.authoring.exercises``):
 
 - a cell with a ``### BEGIN SOLUTION`` block is a solution cell (grade id ``answer_<name>``,
   after the function it defines); a markdown answer would be a manually graded solution cell;
@@ -35,7 +35,7 @@ import re
 import sys
 from pathlib import Path
 
-from course_lib.exercises import BEGIN, END, ROOT, dumps
+from course_lib.authoring.exercises import BEGIN, END, ROOT, dumps
 
 SECTION = re.compile(r"^#{1,2} ")   # a slide
 SUBSECTION = re.compile(r"^### ")   # a sub-slide
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in stale:
             print("not stamped:", s)
         if stale:
-            print("Run `python -m course_lib.nbmeta && python -m course_lib.exercises` and commit.")
+            print("Run `python -m course_lib.authoring.nbmeta && python -m course_lib.authoring.exercises` and commit.")
         return 1 if stale else 0
     for path, grading in notebooks():
         old = path.read_text()

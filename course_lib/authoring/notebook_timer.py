@@ -1,7 +1,7 @@
 """A pytest plugin that times each notebook of a test run (nbval: one test item per cell).
 
-    NOTEBOOK_TIMES_LOG=/tmp/times.jsonl python -m pytest -p course_lib.notebook_timer notebooks solutions exercises
-    python -m course_lib.workshop times --log /tmp/times.jsonl     # -> results/notebook_times.json
+    NOTEBOOK_TIMES_LOG=/tmp/times.jsonl python -m pytest -p course_lib.authoring.notebook_timer notebooks solutions exercises
+    python -m course_lib.authoring.workshop times --log /tmp/times.jsonl     # -> results/notebook_times.json
 
 For each notebook it appends one JSON line to ``$NOTEBOOK_TIMES_LOG`` as soon as the notebook
 is done: ``wall_s`` (from its first cell's setup, which starts the kernel, to its kernel's
@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-_ROOT = Path(__file__).resolve().parent.parent
+from course_lib.paths import ROOT as _ROOT
+
 _state: dict = {"path": None}
 
 

@@ -1,8 +1,8 @@
 """Generate ``exercises/`` from ``solutions/`` (the single source), and check they agree.
 
-    python -m course_lib.exercises          # (re)write exercises/
-    python -m course_lib.exercises --check  # exit 1 if exercises/ is stale (tests run this)
-    python -m course_lib.exercises --name-results   # graded `check(...)` -> `ok_NAME = check(...)`
+    python -m course_lib.authoring.exercises          # (re)write exercises/
+    python -m course_lib.authoring.exercises --check  # exit 1 if exercises/ is stale (tests run this)
+    python -m course_lib.authoring.exercises --name-results   # graded `check(...)` -> `ok_NAME = check(...)`
 
 In a solution notebook, solution code sits between nbgrader's markers::
 
@@ -16,7 +16,7 @@ The generator replaces each block with ``raise NotImplementedError(...)``, keepi
 indentation and any ``# HINT:`` lines as comments. Outputs and execution counts are
 dropped. Markdown cells may hold blocks too; they become "*(your answer here)*".
 
-A graded cell (nbgrader's ``grade: true``, stamped by ``course_lib.nbmeta``) runs a check and
+A graded cell (nbgrader's ``grade: true``, stamped by ``course_lib.authoring.nbmeta``) runs a check and
 keeps its result in a name, ``ok_absmax = check("02.absmax_quantize", absmax_quantize)``:
 nbgrader reads the text a cell *displays* as its partial-credit score, and a bare
 ``check(...)`` displays a ``CheckResult`` it cannot read as a number (0.9.6 warns, and gives
@@ -33,7 +33,8 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from course_lib.paths import ROOT
+
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 HINT = re.compile(r"^\s*#\s*HINT:\s*(.*)$")
 
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in stale:
             print("stale:", s)
         if stale:
-            print("Run `make exercises` (python -m course_lib.exercises) and commit the result.")
+            print("Run `make exercises` (python -m course_lib.authoring.exercises) and commit the result.")
         return 1 if stale else 0
     (ROOT / "exercises").mkdir(exist_ok=True)
     for path, text in expected_exercises().items():
