@@ -1,0 +1,288 @@
+"""llama.cpp, the engine that runs quantized models on laptops, driven from the course (lesson 13).
+
+llama.cpp is C/C++; ``llama-cpp-python`` builds it from source and wraps it for Python. It is
+optional for the course (``make engine`` builds it once, 4-7 minutes on 2 cores) and every
+function here says so in one line when it is missing. What lesson 13 does with it:
+
+- :func:`logits` and :func:`score`: the engine's logits on token ids, and perplexity / KL /
+  top-1 agreement on the course's evaluation windows, each window scored alone (the protocol of
+  ``course_lib.smollm.reference``), so the engine and the course's ``LlamaModel`` are compared
+  on the same predictions;
+- :func:`quantize_file`: llama.cpp's own quantizer (``llama_model_quantize``), to check the
+  course's GGUF writer byte for byte and to show the double-quantization trap;
+- :func:`decode_speed`: greedy decoding tokens/s, several runs, median and spread;
+- :func:`bytes_per_token` and :func:`predicted_tokens_per_s`: lesson 00's prediction of the
+  decode speed from the bytes each token reads and the measured memory bandwidth.
+
+The build flag matters: llama.cpp's default native build (``GGML_NATIVE=ON``) detected
+AVX-512/AMX on the course's test machine and crashed at the first evaluation; the portable
+build (``-DGGML_NATIVE=OFF``: AVX2 and FMA, no AVX-512) runs everywhere x86-64 does.
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+#: The engine version the course pins, and the build flags that work everywhere.
+VERSION = "0.3.36"
+CMAKE_ARGS = "-DGGML_NATIVE=OFF"
+INSTALL = f'CMAKE_ARGS="{CMAKE_ARGS}" pip install llama-cpp-python=={VERSION}'
+MAKE = "make engine"
+#: llama.cpp's file types (``LLAMA_FTYPE_MOSTLY_*``) for the formats lesson 13 uses.
+FTYPES = {"f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7}
+
+
+# ----------------------------------------------------------------------------- is it there?
+def available() -> bool:
+    """True when ``llama_cpp`` imports (the engine is built)."""
+    try:
+        import llama_cpp  # noqa: F401
+        return True
+    except Exception:                 # ImportError, or a library that does not load (OSError)
+        return False
+
+
+def skip_reason() -> str:
+    """The one line a lesson prints when the engine is absent."""
+    return (f"llama.cpp (llama-cpp-python) is not installed: the engine cells skip. Build it "
+            f"once with `{MAKE}` (4-7 minutes) and run this notebook again.")
+
+
+def require(feature: str | None = None):
+    """The ``llama_cpp`` module, or a clear error: absent (how to build it), or built without
+    ``feature`` (a function of its C API, e.g. ``"llama_model_quantize"``)."""
+    try:
+        import llama_cpp
+    except ImportError:
+        raise ImportError(f"llama.cpp's Python binding is not installed; build it with "
+                          f"`{MAKE}` (or `{INSTALL}`), 4-7 minutes once") from None
+    except OSError as e:
+        raise ImportError(f"llama_cpp is installed but its library does not load ({e}); "
+                          f"rebuild it with `{MAKE}`") from None
+    if feature is not None and not hasattr(llama_cpp, feature):
+        raise RuntimeError(f"this llama-cpp-python ({getattr(llama_cpp, '__version__', '?')}) "
+                           f"has no {feature}; the course needs version {VERSION}: "
+                           f"`{MAKE}` installs it")
+    return llama_cpp
+
+
+def version() -> str | None:
+    """The installed llama-cpp-python version, or None."""
+    if not available():
+        return None
+    import llama_cpp
+    return getattr(llama_cpp, "__version__", "?")
+
+
+# ----------------------------------------------------------------------------- arguments
+def _gguf_file(path, what: str = "path") -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what} must be the path of a .gguf file; got {type(path).__name__}")
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} {path} is a folder; pass the .gguf file itself")
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path} does not exist (write it with "
+                                f"course_lib.export.export_gguf)")
+    return path
+
+
+def _threads(threads) -> int:
+    if threads is None:
+        return max(1, min(4, os.cpu_count() or 1))
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a whole number >= 1; got {threads!r}")
+    return threads
+
+
+def _ids(ids) -> list[int]:
+    t = torch.as_tensor(ids)
+    if t.dim() != 1 or t.numel() == 0 or t.is_floating_point():
+        raise ValueError(f"ids must be a non-empty 1-D sequence of token ids; got shape "
+                         f"{tuple(t.shape)} {t.dtype}")
+    return [int(i) for i in t]
+
+
+# ----------------------------------------------------------------------------- running it
+def load(path, n_ctx: int = 512, threads: int | None = None):
+    """A ``llama_cpp.Llama`` for a GGUF file that keeps every position's logits (quiet)."""
+    llama_cpp = require()
+    path = _gguf_file(path)
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 8:
+        raise ValueError(f"n_ctx must be a whole number of tokens >= 8; got {n_ctx!r}")
+    threads = _threads(threads)
+    try:
+        return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx,
+                               n_threads=threads, n_threads_batch=threads, logits_all=True,
+                               verbose=False)
+    except ValueError as e:
+        raise ValueError(f"llama.cpp could not load {path} ({e}): is it a complete GGUF file "
+                         f"of a model llama.cpp knows?") from None
+
+
+def _as_llm(model, n_ctx: int, threads):
+    return load(model, n_ctx, threads) if isinstance(model, (str, os.PathLike)) else model
+
+
+def logits(model, ids, threads: int | None = None) -> torch.Tensor:
+    """The engine's logits (T, V) fp32 for token ids (T,), every position (lesson 13).
+    ``model``: a GGUF path or a loaded ``Llama``."""
+    toks = _ids(ids)
+    llm = _as_llm(model, max(8, len(toks)), threads)
+    if len(toks) > llm.n_ctx():
+        raise ValueError(f"{len(toks)} tokens do not fit the context of {llm.n_ctx()}; load "
+                         f"the model with a larger n_ctx")
+    if max(toks) >= llm.n_vocab() or min(toks) < 0:
+        raise ValueError(f"token ids must lie in 0..{llm.n_vocab() - 1}; got {min(toks)}.."
+                         f"{max(toks)}")
+    llm.reset()
+    llm.eval(toks)
+    return torch.from_numpy(np.array(llm.scores[: len(toks)], dtype=np.float32))
+
+
+def score(model, ids, window: int = 512, n_windows: int = 2, ref=None,
+          threads: int | None = None) -> dict:
+    """Perplexity of the engine on ``n_windows`` disjoint windows of ``window`` tokens of
+    ``ids``, each scored alone (``window - 1`` predictions per window): the protocol of
+    ``smollm.reference``. With ``ref`` (that function's result on the same windows), also
+    the KL divergence from the course's model and the top-1 agreement (lesson 13)."""
+    from course_lib import eval as ceval
+    for name, v, lo in (("window", window, 2), ("n_windows", n_windows, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be a whole number >= {lo}; got {v!r}")
+    ids = torch.as_tensor(ids).long().flatten()
+    if n_windows * window > len(ids):
+        raise ValueError(f"{n_windows} windows of {window} tokens need {n_windows * window} "
+                         f"tokens; ids holds {len(ids)}")
+    llm = _as_llm(model, window, threads)
+    nll, kl, top1, n = 0.0, 0.0, 0.0, 0
+    for w in range(n_windows):
+        block = ids[w * window:(w + 1) * window]                            # (window,)
+        lp = torch.log_softmax(logits(llm, block[:-1]), -1)                  # (window-1, V)
+        tgt = block[1:]
+        nll -= float(lp.gather(1, tgt[:, None]).sum())
+        if ref is not None:
+            r = ref.logprobs[n:n + window - 1]
+            if r.shape != lp.shape or not torch.equal(ref.targets[n:n + window - 1], tgt):
+                raise ValueError("ref was scored on other windows: make it with "
+                                 "smollm.reference(model, n_windows, window) on the same ids")
+            k, t1 = ceval.kl_and_top1(r, lp)
+            kl += k * len(tgt)
+            top1 += t1 * len(tgt)
+        n += len(tgt)
+    out = {"perplexity": math.exp(nll / n), "predictions": n, "n_windows": n_windows,
+           "window": window}
+    if ref is not None:
+        out.update(kl_nats=kl / n, top1_agreement=top1 / n)
+    return out
+
+
+def generate(model, ids, max_new_tokens: int = 8, threads: int | None = None) -> list[int]:
+    """Greedy continuation of token ids by the engine: the new ids (lesson 13)."""
+    toks = _ids(ids)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+            or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a whole number >= 1; got {max_new_tokens!r}")
+    llm = _as_llm(model, 512, threads)
+    llm.reset()
+    llm.eval(toks)
+    new = []
+    for _ in range(max_new_tokens):
+        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        new.append(nxt)
+        llm.eval([nxt])
+    return new
+
+
+def decode_speed(model, prompt_ids, new_tokens: int = 32, runs: int = 3,
+                 threads: int | None = None) -> dict:
+    """Greedy decoding speed: ``runs`` times, the prompt is evaluated, then ``new_tokens``
+    tokens are decoded one at a time and timed (prompt excluded). Returns the tokens/s of
+    every run, their median, min and max, and the thread count (lesson 13)."""
+    for name, v in (("new_tokens", new_tokens), ("runs", runs)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a whole number >= 1; got {v!r}")
+    toks = _ids(prompt_ids)
+    threads = _threads(threads)
+    llm = _as_llm(model, 512, threads)
+    if len(toks) + new_tokens > llm.n_ctx():
+        raise ValueError(f"prompt ({len(toks)}) + new_tokens ({new_tokens}) exceed the "
+                         f"context of {llm.n_ctx()}")
+    samples = []
+    for _ in range(runs):
+        llm.reset()
+        llm.eval(toks)
+        nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        t0 = time.perf_counter()
+        for _ in range(new_tokens):
+            llm.eval([nxt])
+            nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        samples.append(new_tokens / (time.perf_counter() - t0))
+    return {"tokens_per_s": samples, "median": statistics.median(samples),
+            "min": min(samples), "max": max(samples), "threads": threads,
+            "new_tokens": new_tokens, "runs": runs}
+
+
+def quantize_file(src, dst, fmt: str, allow_requantize: bool = False,
+                  overwrite: bool = False, threads: int | None = None) -> Path:
+    """llama.cpp's own quantizer (``llama_model_quantize``) from GGUF ``src`` to ``dst`` in
+    ``fmt`` ("f16", "q8_0", "q4_0", "q4_1"). llama.cpp refuses to requantize a file whose
+    weights are already quantized unless ``allow_requantize=True`` (the double-quantization
+    trap of lesson 13). Written under a temporary name and renamed: nothing half-written."""
+    llama_cpp = require("llama_model_quantize")
+    src = _gguf_file(src, "src")
+    if not isinstance(fmt, str) or fmt.lower() not in FTYPES:
+        raise ValueError(f"fmt must be one of {sorted(FTYPES)}; got {fmt!r}")
+    for name, v in (("allow_requantize", allow_requantize), ("overwrite", overwrite)):
+        if not isinstance(v, bool):
+            raise TypeError(f"{name} must be True or False; got {v!r}")
+    if not isinstance(dst, (str, os.PathLike)) or Path(dst).suffix != ".gguf":
+        raise ValueError(f"dst must be a path ending in .gguf; got {dst!r}")
+    dst = Path(dst)
+    if dst.resolve() == src.resolve():
+        raise ValueError("dst must differ from src (llama.cpp reads src while writing dst)")
+    if dst.exists() and not overwrite:
+        raise FileExistsError(f"{dst} exists; pass overwrite=True to replace it")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FTYPES[fmt.lower()]
+    params.allow_requantize = allow_requantize
+    params.nthread = _threads(threads)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".partial", dir=dst.parent)
+    os.close(fd)
+    try:
+        rc = llama_cpp.llama_model_quantize(str(src).encode(), tmp.encode(), params)
+        if rc != 0:
+            hint = "" if allow_requantize else (" (its weights may be quantized already: "
+                                                "llama.cpp requantizes only with "
+                                                "allow_requantize=True)")
+            raise RuntimeError(f"llama_model_quantize failed on {src.name} -> {fmt} (code "
+                               f"{rc}){hint}")
+        os.replace(tmp, dst)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return dst
+
+
+# ----------------------------------------------------------------------------- prediction
+def bytes_per_token(path) -> int:
+    """Bytes of weights one decoded token reads: every tensor of the file (the tied token
+    embedding counts whole: it is also the output head, read in full for every token)."""
+    from course_lib.gguf_model import open_gguf
+    reader = open_gguf(_gguf_file(path))
+    return int(sum(int(t.n_bytes) for t in reader.tensors))
+
+
+def predicted_tokens_per_s(n_bytes, bandwidth_gbps) -> float:
+    """Lesson 00's floor turned into a speed: bandwidth / bytes per token, in tokens/s."""
+    for name, v in (("n_bytes", n_bytes), ("bandwidth_gbps", bandwidth_gbps)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+            raise ValueError(f"{name} must be a positive finite number; got {v!r}")
+    return bandwidth_gbps * 1e9 / n_bytes
