@@ -62,7 +62,7 @@ def test_search_scale_picks_the_alpha_with_the_smallest_error_and_restores_weigh
     lin = torch.nn.Linear(64, 32, bias=False)
     w0 = lin.weight.data.clone()
     s, alpha, errors = awq.search_scale([lin], awq.channel_magnitude(x), lambda: lin(x),
-                                        3, 32, grid=10)
+                                        3, 32, n_grid=10)
     assert torch.equal(lin.weight.data, w0)
     assert len(errors) == 10 and errors[0][0] == 0.0
     assert alpha == min(errors, key=lambda e: e[1])[0] and alpha > 0

@@ -31,7 +31,7 @@ from course_lib.methods import calibration as cal
 from course_lib.model import RMSNorm
 
 #: Where each group's scales are folded, and what its error is measured on (decoder blocks).
-DEFAULT_GRID = 20
+DEFAULT_GRID = 20          # alphas tried: 0, 1/20, ..., 19/20 (llm-awq's n_grid)
 SALIENT_BY = ("activation", "weight", "random")
 
 
@@ -87,35 +87,40 @@ def scales_for(magnitude: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 def scaled_fake_quant(W: torch.Tensor, s: torch.Tensor, bits: int, group_size: int,
-                      symmetric: bool = True) -> torch.Tensor:
-    """Q(W * s) / s: the weight the scaled layer effectively uses on unscaled inputs."""
+                      symmetric: bool | None = None, grid="course") -> torch.Tensor:
+    """Q(W * s) / s: the weight the scaled layer effectively uses on unscaled inputs, Q being
+    round-to-nearest on ``grid`` (see :func:`course_lib.methods.calibration.get_grid`)."""
     Ws = W.float() * s[None, :]                                              # (out, in)
-    return cal.fake_quant(Ws, bits, group_size, symmetric) / s[None, :]
+    return cal.fake_quant(Ws, bits, group_size, symmetric, grid) / s[None, :]
 
 
 @torch.no_grad()
 def search_scale(lins: list[nn.Linear], magnitude: torch.Tensor, run, bits: int = 4,
-                 group_size: int = 128, symmetric: bool = True, grid: int = DEFAULT_GRID):
+                 group_size: int = 128, symmetric: bool | None = None,
+                 n_grid: int = DEFAULT_GRID, grid="course"):
     """Grid search of alpha for Linears sharing one input (lesson 07).
 
     magnitude: mean |x| of that input (in,); run(): the output the Linears feed (the attention,
     the MLP, the projection itself), computed with their current weights. Each alpha in
-    0, 1/grid, ..., (grid-1)/grid sets every Linear's weight to Q(W s) / s, runs, and compares
-    with the unquantized output (mean squared error). Weights are restored afterwards.
+    0, 1/n_grid, ..., (n_grid-1)/n_grid sets every Linear's weight to Q(W s) / s (Q: round to
+    nearest on ``grid``), runs, and compares with the unquantized output (mean squared error).
+    Weights are restored afterwards.
     Returns (best s (in,), best alpha, errors: list of (alpha, mse)).
     """
-    if grid < 1:
-        raise ValueError(f"grid must be >= 1; got {grid}")
+    if isinstance(n_grid, bool) or not isinstance(n_grid, int) or n_grid < 1:
+        raise ValueError(f"n_grid (the number of alphas tried) must be a whole number >= 1; "
+                         f"got {n_grid!r}")
     originals = [lin.weight.data.clone() for lin in lins]
     ref = run()
     errors = []
     best = (float("inf"), None, None)
     try:
-        for i in range(grid):
-            alpha = i / grid
+        for i in range(n_grid):
+            alpha = i / n_grid
             s = scales_for(magnitude, alpha)
             for lin, W in zip(lins, originals):
-                lin.weight.data = scaled_fake_quant(W, s, bits, group_size, symmetric).to(W.dtype)
+                lin.weight.data = scaled_fake_quant(W, s, bits, group_size, symmetric,
+                                                    grid).to(W.dtype)
             err = float((run() - ref).float().pow(2).mean())
             errors.append((alpha, err))
             if err < best[0]:
@@ -160,18 +165,25 @@ def fold_scale(prev: nn.Module, lins: list[nn.Linear], s: torch.Tensor) -> None:
 # ----------------------------------------------------------------------------- clipping
 @torch.no_grad()
 def search_clip(W: torch.Tensor, x: torch.Tensor, bits: int = 4, group_size: int = 128,
-                symmetric: bool = True, grid: int = 20, max_shrink: float = 0.5,
-                n_tokens: int = 512, rows_per_batch: int = 256) -> torch.Tensor:
+                symmetric: bool | None = None, n_grid: int = 20, max_shrink: float = 0.5,
+                n_tokens: int = 512, rows_per_batch: int = 256, grid="course") -> torch.Tensor:
     """The paper's clipping search (lesson 07): for each (row, group), the range shrink
-    r in 1, 1 - 1/grid, ... (down to 1 - max_shrink) whose clamped-and-rounded weights give
-    the smallest error on that group's share of the output, sum_c W[o, c] x[t, c], over
-    ``n_tokens`` calibration tokens. Returns W clamped to the chosen ranges (out, in)."""
+    r in 1, 1 - 1/n_grid, ... (down to 1 - max_shrink) whose clamped-and-rounded weights (round
+    to nearest on ``grid``) give the smallest error on that group's share of the output,
+    sum_c W[o, c] x[t, c], over ``n_tokens`` calibration tokens. Returns W clamped to the
+    chosen ranges (out, in)."""
+    gr = cal.get_grid(grid)
+    sym = gr.check(bits, group_size, symmetric)
+    if isinstance(n_grid, bool) or not isinstance(n_grid, int) or n_grid < 1:
+        raise ValueError(f"n_grid must be a whole number >= 1; got {n_grid!r}")
+    if not 0 <= max_shrink < 1:
+        raise ValueError(f"max_shrink must be in [0, 1) (0.5: ranges down to half); "
+                         f"got {max_shrink}")
     out_f, in_f = W.shape
     G = in_f // cal.check_group_size(in_f, group_size)
     xs = x.reshape(-1, in_f).float()
     xs = xs[::max(1, xs.shape[0] // n_tokens)][:n_tokens]                    # (t, in)
     xg = xs.T.reshape(G, group_size, -1)                                     # (G, gs, t)
-    qmax, levels = 2 ** (bits - 1) - 1, 2 ** bits - 1
     out = torch.empty(G, out_f, group_size)
     for r0 in range(0, out_f, rows_per_batch):
         w = W[r0:r0 + rows_per_batch].float().view(-1, G, group_size).transpose(0, 1)  # (G, b, gs)
@@ -179,19 +191,17 @@ def search_clip(W: torch.Tensor, x: torch.Tensor, bits: int = 4, group_size: int
         hi0, lo0 = w.amax(-1, keepdim=True), w.amin(-1, keepdim=True)        # (G, b, 1)
         best_err = torch.full(w.shape[:2], float("inf"))                     # (G, b)
         best_w = w.clone()
-        for i in range(int(max_shrink * grid) + 1):
-            r = 1 - i / grid
-            if symmetric:
+        for i in range(int(max_shrink * n_grid) + 1):
+            r = 1 - i / n_grid
+            if sym:
                 m = torch.maximum(hi0.abs(), lo0.abs()) * r
                 wc = torch.maximum(torch.minimum(w, m), -m)
-                sc = (m / qmax).clamp(min=1e-12)
-                wq = torch.clamp(torch.round(wc / sc), -qmax, qmax) * sc
             else:
-                hi, lo = (hi0 * r).clamp(min=0), (lo0 * r).clamp(max=0)
+                hi, lo = hi0 * r, lo0 * r
+                if gr.name == "course":         # the course's asymmetric range holds 0
+                    hi, lo = hi.clamp(min=0), lo.clamp(max=0)
                 wc = torch.maximum(torch.minimum(w, hi), lo)
-                sc = ((hi - lo) / levels).clamp(min=1e-12)
-                z = torch.round(-lo / sc)
-                wq = (torch.clamp(torch.round(wc / sc) + z, 0, levels) - z) * sc
+            wq = cal.fake_quant_groups(wc, bits, sym, gr)                    # (G, b, gs)
             err = (wq @ xg - ref).pow(2).mean(-1)                            # (G, b)
             better = err < best_err
             best_err = torch.where(better, err, best_err)
@@ -219,17 +229,21 @@ def _capture_inputs(block: nn.Module, x, cos, sin, batch_size: int):
 
 @torch.no_grad()
 def awq_block(block: nn.Module, x: torch.Tensor, cos, sin, bits: int = 4,
-              group_size: int = 128, symmetric: bool = True, grid: int = DEFAULT_GRID,
-              clip: bool = True, search_windows: int = 8, batch_size: int = 16,
-              scale_dtype: torch.dtype = torch.float32, log: dict | None = None) -> None:
+              group_size: int = 128, symmetric: bool | None = None,
+              n_grid: int = DEFAULT_GRID, clip: bool = True, search_windows: int = 8,
+              batch_size: int = 16, scale_dtype: torch.dtype | None = None,
+              log: dict | None = None, grid="course") -> None:
     """AWQ on one Llama decoder block in place (lesson 07): scale search and folding for
     q/k/v (into input_layernorm), gate/up (into post_attention_layernorm) and down (into
-    up_proj); optional clipping; then round-to-nearest into GroupQuantLinear.
+    up_proj); optional clipping; then round-to-nearest on ``grid`` into GroupQuantLinear
+    (grid: "course", "llm-compressor", "q4_0", "q4_1", see
+    :func:`course_lib.methods.calibration.get_grid`; symmetric None: the grid's own).
 
     o_proj is not scaled: its input comes from the attention's value heads, and with grouped
     query attention (both course models) v_proj has fewer outputs than o_proj has inputs,
     so there is no per-channel place to fold a scale (the paper's code skips it too).
     """
+    symmetric = cal.get_grid(grid).check(bits, group_size, symmetric, scale_dtype)
     attn, mlp = block.self_attn, block.mlp
     feats = _capture_inputs(block, x, cos, sin, batch_size)                  # fp block inputs
     n = min(search_windows, x.shape[0])
@@ -245,7 +259,8 @@ def awq_block(block: nn.Module, x: torch.Tensor, cos, sin, bits: int = 4,
     ]
     for key, prev, lins, feat_name, run in groups:
         mag = channel_magnitude(feats[feat_name])
-        s, alpha, errors = search_scale(lins, mag, run, bits, group_size, symmetric, grid)
+        s, alpha, errors = search_scale(lins, mag, run, bits, group_size, symmetric, n_grid,
+                                       grid)
         fold_scale(prev, lins, s)
         for name in [feat_name] + (["mlp.up_proj"] if key == "mlp" else []) + \
                 (["self_attn.k_proj", "self_attn.v_proj"] if key == "attn" else []):
@@ -255,25 +270,26 @@ def awq_block(block: nn.Module, x: torch.Tensor, cos, sin, bits: int = 4,
     for name, lin in cal.linears(block).items():
         if clip and not name.endswith(("q_proj", "k_proj")):   # q.k scores: the paper keeps them
             lin.weight.data = search_clip(lin.weight.data, feats[name], bits, group_size,
-                                          symmetric)
+                                          symmetric, grid=grid)
         cal.replace(block, name, cal.rtn_linear(lin, bits, group_size, symmetric, scale_dtype,
-                                                method="awq"))
+                                                method="awq", grid=grid))
 
 
 def awq_model(model: nn.Module, ids: torch.Tensor, bits: int = 4, group_size: int = 128,
-              symmetric: bool = True, grid: int = DEFAULT_GRID, clip: bool = True,
+              symmetric: bool | None = None, n_grid: int = DEFAULT_GRID, clip: bool = True,
               search_windows: int = 8, batch_size: int = 16,
-              scale_dtype: torch.dtype = torch.float32, progress: bool = False,
-              n_blocks: int | None = None, log: list | None = None):
+              scale_dtype: torch.dtype | None = None, progress: bool = False,
+              n_blocks: int | None = None, log: list | None = None, grid="course"):
     """AWQ on every decoder block, block by block on calibration windows ``ids`` (n, T)
     (lesson 07). Returns ``(quantized copy, seconds)``; ``log`` collects, per block and per
-    group ("attn", "mlp", "down"), the chosen alpha, the grid's errors and the scales s."""
-    cal.check_model(model, bits, group_size)
+    group ("attn", "mlp", "down"), the chosen alpha, the errors of the n_grid alphas tried and
+    the scales s. grid: the quantization grid (see :func:`awq_block`)."""
+    symmetric = cal.check_model(model, bits, group_size, symmetric, grid, scale_dtype)
 
     def quantize_block(block, x, cos, sin):
         entry: dict = {}
-        awq_block(block, x, cos, sin, bits, group_size, symmetric, grid, clip, search_windows,
-                  batch_size, scale_dtype, entry)
+        awq_block(block, x, cos, sin, bits, group_size, symmetric, n_grid, clip,
+                  search_windows, batch_size, scale_dtype, entry, grid)
         if log is not None:
             log.append(entry)
 

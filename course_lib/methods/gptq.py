@@ -115,47 +115,65 @@ def _group_start(j: int, group_size: int) -> bool:
 
 
 def gptq_plain(W: torch.Tensor, U: torch.Tensor, bits: int = 4, group_size: int = 128,
-               symmetric: bool = True):
+               symmetric: bool | None = None, grid="course"):
     """The column loop, one column at a time (lesson 06's exercise; slow but plain).
 
     W (out, in): the (prepared) weight; U: ``inverse_cholesky`` of its dampened H. Each group's
     scale comes from the group's columns as they are when the loop reaches the group (earlier
-    errors already added). Returns (codes (out, in), scale (out, G), zero (out, G) or None).
+    errors already added), or from the original W for a grid that sets them up front
+    (llm-compressor's). Returns (codes (out, in), scale (out, G), second (out, G) or None),
+    ``second`` being the grid's zero point or offset. Scales are fp32 on the course's and
+    llm-compressor's grids (the loop then computes in W's dtype), fp16 on llama.cpp's.
     """
+    gr = cal.get_grid(grid)
+    sym = gr.check(bits, group_size, symmetric)
     W = W.clone()
     out_f, in_f = W.shape
+    cal.check_group_size(in_f, group_size)
     G = in_f // group_size
-    codes = torch.zeros(out_f, in_f, dtype=torch.int8 if symmetric else torch.uint8)
+    codes = torch.zeros(out_f, in_f, dtype=gr.code_dtype(sym))
     scale = torch.zeros(out_f, G, dtype=W.dtype)
-    zero = None if symmetric else torch.zeros(out_f, G, dtype=torch.int32)
+    up_front = [gr.params(W[:, g * group_size:(g + 1) * group_size], bits, sym)
+                for g in range(G)] if gr.up_front else None
     for j in range(in_f):
         g = j // group_size
         if _group_start(j, group_size):
-            s, z = cal.group_params(W[:, j:j + group_size], bits, symmetric)
-            scale[:, g] = s
-            if zero is not None:
-                zero[:, g] = z
-        z = None if zero is None else zero[:, g]
-        codes[:, j] = cal.quantize_with(W[:, j], scale[:, g], z, bits)
-        q = cal.dequantize_with(codes[:, j], scale[:, g], z).to(W.dtype)     # (out,)
+            s, z = up_front[g] if up_front else gr.params(W[:, j:j + group_size], bits, sym)
+            st_s, st_z = gr.store(s, z, W.dtype if gr.codes_from_stored else None)
+            if g == 0:
+                scale = scale.to(st_s.dtype)
+                second = None if st_z is None else torch.zeros(out_f, G, dtype=st_z.dtype)
+            scale[:, g] = st_s
+            if second is not None:
+                second[:, g] = st_z
+            qs, qz = (st_s, st_z) if gr.codes_from_stored else (s, z)
+        codes[:, j] = gr.quantize(W[:, j], qs, qz, bits)
+        q = gr.dequantize(codes[:, j], st_s, st_z).to(W.dtype)               # (out,)
         err = (W[:, j] - q) / U[j, j]                                        # (out,)
         W[:, j + 1:] -= err[:, None] * U[j, j + 1:][None, :]                 # (out, in-j-1)
-    return codes, scale, zero
+    return codes, scale, second
 
 
 def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4, group_size: int = 128,
-                  symmetric: bool = True, damp: float = 0.01, block_size: int = 128,
-                  act_order: bool = False, scale_dtype: torch.dtype = torch.float32,
-                  cache: dict | None = None):
+                  symmetric: bool | None = None, damp: float = 0.01, block_size: int = 128,
+                  act_order: bool = False, scale_dtype: torch.dtype | None = None,
+                  cache: dict | None = None, grid="course"):
     """GPTQ for one weight W (out, in) with Hessian H (in, in): lazy block updates, optional
-    act-order (lesson 06). Returns (codes (out, in), scale (out, G), zero (out, G) or None),
-    in the original column order.
+    act-order, on a grid (lesson 06). Returns (codes (out, in), scale (out, G), second (out, G)
+    or None), in the original column order; ``second``: the grid's zero point (int32) or
+    offset (q4_1's fp16 minimum).
 
-    scale_dtype: the dtype scales are stored in (fp32 by default; a checkpoint's bf16/fp16 for
-    an exact export): the loop computes with the stored scale, so codes and scales agree.
+    grid: "course" (absmax / (2**(bits-1) - 1), the default), "llm-compressor" (absmax / 7.5,
+    codes -8..7, every group's scale up front from the original weight), "q4_0" / "q4_1"
+    (llama.cpp's blocks of 32; see :mod:`course_lib.methods.calibration`).
+    symmetric: None takes the grid's own (the course's: symmetric).
+    scale_dtype: the dtype scales are stored in (None: fp32, or fp16 on llama.cpp's grids; a
+    checkpoint's bf16/fp16 for an exact export): the loop dequantizes with the stored scale,
+    so codes and scales agree.
     cache: a dict shared by Linears with the same H (q/k/v), so its factor is computed once.
     """
-    cal.check_bits(bits)
+    gr = cal.get_grid(grid)
+    sym = gr.check(bits, group_size, symmetric, scale_dtype)
     cal.check_group_size(W.shape[1], group_size)
     H_in = H
     W, H = prepare(W, H, damp)
@@ -163,9 +181,10 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4, group_size: i
     G = in_f // group_size
     perm = torch.arange(in_f, device=W.device)
     static = None
-    if act_order:       # group scales from the original weight, before any column moves
-        static = [cal.group_params(W[:, g * group_size:(g + 1) * group_size], bits, symmetric)
+    if act_order or gr.up_front:    # group scales from the original weight, before any change
+        static = [gr.params(W[:, g * group_size:(g + 1) * group_size], bits, sym)
                   for g in range(G)]
+    if act_order:
         perm = torch.argsort(torch.diag(H), descending=True, stable=True)    # (in,)
         W, H = W[:, perm], H[perm][:, perm]
     key = (id(H_in), damp, act_order)
@@ -177,14 +196,24 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4, group_size: i
             cache[key] = U
     dev = W.device
     order = perm.tolist()                     # a Python list: no device round trip per column
-    codes = torch.zeros(out_f, in_f, dtype=torch.int8 if symmetric else torch.uint8, device=dev)
-    scale = torch.zeros(out_f, G, dtype=scale_dtype, device=dev)
-    zero = None if symmetric else torch.zeros(out_f, G, dtype=torch.int32, device=dev)
+    codes = torch.zeros(out_f, in_f, dtype=gr.code_dtype(sym), device=dev)
+    st_dtype = gr.store(torch.zeros(1), None if sym else torch.zeros(1), scale_dtype)
+    scale = torch.zeros(out_f, G, dtype=st_dtype[0].dtype, device=dev)
+    second = None if st_dtype[1] is None else \
+        torch.zeros(out_f, G, dtype=torch.int32 if gr.name == "course" else st_dtype[1].dtype,
+                    device=dev)
+    exact = [None] * G                        # the fp32 parameters llama.cpp's codes use
+
+    def set_group(g, s, z):
+        st_s, st_z = gr.store(s, z, scale_dtype)
+        scale[:, g] = st_s
+        if second is not None:
+            second[:, g] = st_z
+        exact[g] = (s, z)
+
     if static is not None:
         for g, (s, z) in enumerate(static):
-            scale[:, g] = s.to(scale_dtype)
-            if zero is not None:
-                zero[:, g] = z
+            set_group(g, s, z)
     # a block never splits a group: the scale is taken from up-to-date columns
     block_size = -(-max(block_size, 1) // group_size) * group_size if static is None else block_size
     for b0 in range(0, in_f, block_size):
@@ -197,33 +226,32 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4, group_size: i
             col = order[j]                    # the column's original index
             g = col // group_size
             if static is None and _group_start(j, group_size):
-                s, z = cal.group_params(W1[:, i:i + group_size], bits, symmetric)
-                scale[:, g] = s.to(scale_dtype)
-                if zero is not None:
-                    zero[:, g] = z
-            z = None if zero is None else zero[:, g]
-            s = scale[:, g].to(W.dtype)
-            q_codes = cal.quantize_with(W1[:, i], s, z, bits)                # (out,)
+                set_group(g, *gr.params(W1[:, i:i + group_size], bits, sym))
+            st_s = scale[:, g].to(W.dtype) if gr.codes_from_stored else scale[:, g]
+            st_z = None if second is None else second[:, g]
+            qs, qz = (st_s, st_z) if gr.codes_from_stored else exact[g]
+            q_codes = gr.quantize(W1[:, i], qs, qz, bits)                    # (out,)
             codes[:, col] = q_codes
-            q = cal.dequantize_with(q_codes, s, z).to(W.dtype)               # (out,)
+            q = gr.dequantize(q_codes, st_s, st_z).to(W.dtype)               # (out,)
             err = (W1[:, i] - q) / U1[i, i]                                  # (out,)
             W1[:, i + 1:] -= err[:, None] * U1[i, i + 1:][None, :]          # inside the block
             E1[:, i] = err
         W[:, b1:] -= E1 @ U[b0:b1, b1:]                                      # the lazy update
-    return codes, scale, zero
+    return codes, scale, second
 
 
 # ----------------------------------------------------------------------------- whole model
 def gptq_linear(linear: nn.Linear, H: torch.Tensor, bits: int = 4, group_size: int = 128,
-                symmetric: bool = True, damp: float = 0.01, block_size: int = 128,
-                act_order: bool = False, scale_dtype: torch.dtype = torch.float32,
-                cache: dict | None = None) -> GroupQuantLinear:
+                symmetric: bool | None = None, damp: float = 0.01, block_size: int = 128,
+                act_order: bool = False, scale_dtype: torch.dtype | None = None,
+                cache: dict | None = None, grid="course") -> GroupQuantLinear:
     """GPTQ of one nn.Linear given its inputs' Hessian, as a :class:`GroupQuantLinear`."""
-    codes, scale, zero = gptq_quantize(linear.weight.detach().float(), H, bits, group_size,
-                                       symmetric, damp, block_size, act_order, scale_dtype,
-                                       cache)
-    return GroupQuantLinear(codes, scale, zero, bits, group_size, linear.bias,
-                            linear.weight.dtype, "gptq" + ("+act" if act_order else ""))
+    gr = cal.get_grid(grid)
+    codes, scale, second = gptq_quantize(linear.weight.detach().float(), H, bits, group_size,
+                                         symmetric, damp, block_size, act_order, scale_dtype,
+                                         cache, gr)
+    return gr.linear(codes, scale, second, bits, group_size, linear.bias, linear.weight.dtype,
+                     "gptq" + ("+act" if act_order else ""))
 
 
 @torch.no_grad()
@@ -260,20 +288,32 @@ def block_hessians(block: nn.Module, x: torch.Tensor, cos, sin, batch_size: int 
 
 
 def gptq_model(model: nn.Module, ids: torch.Tensor, bits: int = 4, group_size: int = 128,
-               symmetric: bool = True, damp: float = 0.01, block_size: int = 128,
-               act_order: bool = False, scale_dtype: torch.dtype = torch.float32,
-               batch_size: int = 16, progress: bool = False, n_blocks: int | None = None):
+               symmetric: bool | None = None, damp: float = 0.01, block_size: int = 128,
+               act_order: bool = False, scale_dtype: torch.dtype | None = None,
+               batch_size: int = 16, progress: bool = False, n_blocks: int | None = None,
+               grid="course", quantize_linear=None):
     """GPTQ on every Linear of the decoder blocks (the head and embeddings stay), block by block
-    on calibration windows ``ids`` (n, T) (lesson 06). Returns ``(quantized copy, seconds)``."""
-    cal.check_model(model, bits, group_size)
+    on calibration windows ``ids`` (n, T) (lesson 06). Returns ``(quantized copy, seconds)``.
+
+    grid: see :func:`gptq_quantize`. quantize_linear: the per-Linear step, called as
+    ``quantize_linear(linear, H)`` and returning the module that replaces it (default: this
+    module's :func:`gptq_linear` with the arguments above); lesson 06's exercise plugs the
+    learner's own loop in here."""
+    sym = cal.check_model(model, bits, group_size, symmetric, grid, scale_dtype)
+    if quantize_linear is not None and not callable(quantize_linear):
+        raise TypeError(f"quantize_linear must be a function (linear, H) -> module; got "
+                        f"{type(quantize_linear).__name__}")
 
     def quantize_block(block, x, cos, sin):
         Hs = block_hessians(block, x, cos, sin, batch_size)
         cache: dict = {}                     # q/k/v (and gate/up) share H and its factor
         for name, lin in cal.linears(block).items():
-            cal.replace(block, name, gptq_linear(lin, Hs[name], bits, group_size, symmetric,
-                                                 damp, block_size, act_order, scale_dtype,
-                                                 cache))
+            if quantize_linear is not None:
+                new = quantize_linear(lin, Hs[name])
+            else:
+                new = gptq_linear(lin, Hs[name], bits, group_size, sym, damp, block_size,
+                                  act_order, scale_dtype, cache, grid)
+            cal.replace(block, name, new)
 
     return cal.quantize_blockwise(model, ids, quantize_block, batch_size, progress=progress,
                                   desc="GPTQ" + (" act-order" if act_order else ""),
