@@ -302,7 +302,7 @@ def block_weights(m: GroupQuantLinear, fmt: str, strict_scales: bool = True):
     """A method's quantized Linear as llama.cpp blocks of ``fmt``, its codes and scales
     unchanged (lesson 13): Q4_0 holds symmetric 4-bit codes in -8..7 per 32 weights, Q8_0
     symmetric 8-bit codes in -127..127, Q4_1 codes 0..15 with a scale and a float minimum
-    (``(u - z) * s`` is ``s * u + m`` with ``m = -z * s``). The scales (and minima) must be
+    (the q4_1 grid's offset is m; a zero point z gives ``m = -z * s``). The scales (and minima) must be
     exact in fp16, as the file stores them (``strict_scales=False`` rounds them)."""
     from course_lib.gguf_model import BLOCK, BlockQuantized
     want = {"q4_0": (4, True), "q8_0": (8, True), "q4_1": (4, False)}[fmt]
@@ -314,7 +314,13 @@ def block_weights(m: GroupQuantLinear, fmt: str, strict_scales: bool = True):
                          f"{'' if want[1] else ', symmetric=False'} (grid='{fmt}'), or export "
                          f"as 'f16'. Rounding its weights a second time would quantize twice")
     scale = m.scale.float()
-    minimum = None if m.symmetric else -m.zero.float() * scale
+    offset = getattr(m, "offset", None)                     # llama.cpp's Q4_1 grid: minimum m
+    if m.symmetric:
+        minimum = None
+    elif offset is not None:
+        minimum = offset.float() - (0 if m.zero is None else m.zero.float() * scale)
+    else:
+        minimum = -m.zero.float() * scale
     if strict_scales and not all(_exact_fp16(t) for t in (scale, minimum) if t is not None):
         raise ValueError(f"{fmt.upper()} stores scales{'' if m.symmetric else ' and minima'} "
                          f"as fp16 and this layer's are not exact in fp16: quantize with "

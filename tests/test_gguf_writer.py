@@ -223,3 +223,17 @@ def test_metadata_reader_refuses_other_files(tmp_path):
         gm.read_metadata(tmp_path / "x.gguf")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         gm.read_metadata(tmp_path / "none.gguf")
+
+
+@pytest.mark.parametrize("grid", ["q4_0", "q4_1"])
+def test_rtn_on_llama_cpps_grid_writes_the_same_bytes_as_the_writers_rounding(tiny, tmp_path,
+                                                                              grid):
+    """The methods' grid= (GPTQ, AWQ, RTN) and the writer agree on llama.cpp's rule: RTN on
+    the grid, written with its codes unchanged, is byte for byte the writer's own rounding."""
+    model, src = tiny
+    qm = cal.rtn_model(model, 4, 32, grid=grid)
+    a = _read(export.export_gguf(qm, tmp_path / "grid.gguf", grid, source=src))[2]
+    b = _read(export.export_gguf(model, tmp_path / "plain.gguf", grid, source=src))[2]
+    for name, t in b.items():
+        if isinstance(t, gm.BlockQuantized):
+            assert np.array_equal(a[name].to_bytes(), t.to_bytes()), name
