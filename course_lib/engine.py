@@ -286,3 +286,44 @@ def predicted_tokens_per_s(n_bytes, bandwidth_gbps) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
             raise ValueError(f"{name} must be a positive finite number; got {v!r}")
     return bandwidth_gbps * 1e9 / n_bytes
+
+
+def decode_bytes(sizes: dict, n_vocab: int) -> int:
+    """Bytes of weights a model reads to decode one token, from a GGUF file's tensor sizes
+    ``{name: bytes}`` (lesson 13): every tensor once, except the token embedding, of which
+    decoding looks up one row (``bytes / n_vocab``) when the file has its own ``output.weight``
+    head; with tied embeddings (no ``output.weight``) the embedding *is* the head and is read
+    whole."""
+    if not isinstance(sizes, dict) or not sizes:
+        raise ValueError("sizes must be a non-empty dict {tensor name: bytes}")
+    if isinstance(n_vocab, bool) or not isinstance(n_vocab, int) or n_vocab < 1:
+        raise ValueError(f"n_vocab must be a whole number >= 1; got {n_vocab!r}")
+    for name, b in sizes.items():
+        if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+            raise ValueError(f"sizes[{name!r}] must be a whole number of bytes >= 0; got {b!r}")
+    total = 0
+    for name, b in sizes.items():
+        if name == "token_embd.weight" and "output.weight" in sizes:
+            total += b // n_vocab
+        else:
+            total += b
+    return total
+
+
+def choose_file(rows: list, ref_perplexity: float, budget: float) -> str:
+    """The file to ship (lesson 13): among ``rows`` ({"file", "perplexity", "bytes"}) whose
+    perplexity is at most ``ref_perplexity * (1 + budget)``, the smallest; on a tie in bytes,
+    the lower perplexity. ``budget`` is a fraction (0.05 = 5 %). ValueError if none fits."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or \
+            not 0 <= budget < 1:
+        raise ValueError(f"budget is a fraction of the reference perplexity, 0 <= budget < 1 "
+                         f"(0.05 for 5 %); got {budget!r}")
+    if isinstance(ref_perplexity, bool) or not isinstance(ref_perplexity, (int, float)) or \
+            not 1 <= ref_perplexity < math.inf:
+        raise ValueError(f"ref_perplexity must be a finite number >= 1; got {ref_perplexity!r}")
+    limit = ref_perplexity * (1 + budget)
+    fits = [r for r in rows if r["perplexity"] <= limit]
+    if not fits:
+        raise ValueError(f"no file has perplexity <= {limit:.3f}: raise the budget or ship a "
+                         f"larger format")
+    return min(fits, key=lambda r: (r["bytes"], r["perplexity"]))["file"]

@@ -464,3 +464,13 @@ def read_tensors(reader, cfg: ModelConfig) -> dict[str, torch.Tensor | BlockQuan
             value = value.rows(order) if isinstance(value, BlockQuantized) else value[order]
         out[name] = value
     return out
+
+
+def pack_q4_0_block(block: torch.Tensor) -> torch.Tensor:
+    """One block of 32 weights as llama.cpp's 18 Q4_0 bytes, uint8 (18,) (lesson 13)."""
+    if not isinstance(block, torch.Tensor) or block.shape != (BLOCK,) or \
+            not block.is_floating_point():
+        raise ValueError(f"block must be a float tensor of shape ({BLOCK},); got "
+                         + (f"{tuple(block.shape)} {block.dtype}" if isinstance(block, torch.Tensor)
+                            else type(block).__name__))
+    return torch.from_numpy(quantize_q4_0(block[None]).to_bytes()[0].copy())
