@@ -327,3 +327,164 @@ def choose_file(rows: list, ref_perplexity: float, budget: float) -> str:
         raise ValueError(f"no file has perplexity <= {limit:.3f}: raise the budget or ship a "
                          f"larger format")
     return min(fits, key=lambda r: (r["bytes"], r["perplexity"]))["file"]
+
+
+# ----------------------------------------------------------------------------- explaining the gap
+class q8_activations:
+    """Inside ``with q8_activations(model):`` every Linear of a course model (the head too)
+    sees its input rounded the way llama.cpp's CPU dot products round it for Q4_0/Q4_1/Q8_0
+    weights: Q8_0 blocks of 32 along the input (lesson 13). The difference left between the
+    engine and the course model is then mostly fp16 rounding (KV cache, attention)."""
+
+    def __init__(self, model: torch.nn.Module):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a course LlamaModel; got {type(model).__name__}")
+        self.model, self.handles = model, []
+
+    @staticmethod
+    def _round(mod, inputs):
+        from course_lib.gguf_model import quantize_q8_0
+        x = inputs[0]                                                    # (..., in)
+        if x.shape[-1] % 32:
+            return None
+        flat = x.reshape(-1, x.shape[-1])
+        return (quantize_q8_0(flat).dequantize().reshape(x.shape).to(x.dtype),) + inputs[1:]
+
+    def __enter__(self):
+        for mod in self.model.modules():
+            if isinstance(mod, torch.nn.Linear):
+                self.handles.append(mod.register_forward_pre_hook(self._round))
+        return self.model
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        return False
+
+
+# ----------------------------------------------------------------------------- the full table
+RESULTS_FILE = Path(__file__).resolve().parent.parent / "results" / "engine_smollm2.json"
+
+
+def _fp16_model():
+    from course_lib import smollm
+    model = smollm.load()
+    for p in model.parameters():                   # what an F16 file holds, exactly
+        p.data = p.data.half().float()
+    return model
+
+
+def write_table(n_windows: int = 8, calib_windows: int = 16, runs: int = 5,
+                new_tokens: int = 64, threads: int | None = None,
+                build_seconds: float | None = None, path: Path = RESULTS_FILE) -> dict:
+    """Lesson 13's tables on the full protocol: perplexity / KL / top-1 through the engine and
+    in the course for F16, Q8_0, Q4_0 (RTN, GPTQ, AWQ on llama.cpp's grid), the packaged Q4_1
+    file and its requantization to Q4_0; decode tokens/s (``runs`` interleaved runs of
+    ``new_tokens``) beside bandwidth / bytes. ``python -m course_lib.engine table``."""
+    import json
+    import platform
+    from course_lib import bandwidth, export, smollm
+    from course_lib import eval as ceval
+    from course_lib.gguf_model import quantize_q8_0
+    from course_lib.methods import awq, gptq
+    from course_lib.methods import calibration as cal
+    require("llama_model_quantize")
+    threads = _threads(threads if threads is not None else min(2, os.cpu_count() or 1))
+    t_all = time.perf_counter()
+    out_dir = Path(tempfile.mkdtemp(prefix="engine-table-"))
+    model = _fp16_model()
+    ref = smollm.reference(model, n_windows)
+    ids_cal = cal.calibration_ids("smollm2", calib_windows, 512)
+    seconds = {}
+    t0 = time.perf_counter()
+    m_gptq, _ = gptq.gptq_model(model, ids_cal, 4, 32, grid="q4_0", act_order=True)
+    seconds["gptq"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    m_awq, _ = awq.awq_model(model, ids_cal, 4, 32, grid="q4_0")
+    seconds["awq"] = time.perf_counter() - t0
+    m_rtn = cal.rtn_model(model, 4, 32, grid="q4_0")
+    models = {"F16": (model, "f16"), "Q8_0": (model, "q8_0"), "Q4_0 RTN": (m_rtn, "q4_0"),
+              "Q4_0 GPTQ": (m_gptq, "q4_0"), "Q4_0 AWQ": (m_awq, "q4_0")}
+    files = {name: export.export_gguf(m, out_dir / f"{name.replace(' ', '_')}.gguf", fmt)
+             for name, (m, fmt) in models.items()}
+    files["Q4_1 (packaged)"] = smollm.gguf_path()
+    files["Q4_1 requantized to Q4_0"] = quantize_file(
+        smollm.gguf_path(), out_dir / "twice.gguf", "q4_0", allow_requantize=True,
+        threads=threads)
+    rows = []
+    for name, f in files.items():
+        r = {"file": name, "bytes": f.stat().st_size, "bytes_per_token": bytes_per_token(f)}
+        r.update({f"engine_{k}": v for k, v in score(f, smollm.eval_ids(), 512, n_windows, ref,
+                                                     threads).items()
+                  if k in ("perplexity", "kl_nats", "top1_agreement")})
+        if name in models:
+            m = models[name][0]
+            if models[name][1] != "f16":
+                import copy
+                m = copy.deepcopy(m)
+                emb = m.model.embed_tokens.weight
+                emb.data = quantize_q8_0(emb.data).dequantize()     # the file's Q8_0 embedding
+            c = ceval.compare(m, ref) if name != "F16" else {"perplexity": ref.perplexity,
+                                                             "kl_nats": 0.0,
+                                                             "top1_agreement": 1.0}
+            r.update({f"course_{k}": c[k] for k in ("perplexity", "kl_nats", "top1_agreement")})
+        rows.append(r)
+    bw = bandwidth.measure_copy_bandwidth("cpu")
+    from course_lib import smollm as sm
+    prompt = sm.tokenizer().encode("The capital of France is")
+    speed_files = ["F16", "Q8_0", "Q4_0 RTN", "Q4_0 GPTQ", "Q4_1 (packaged)"]
+    llms = {n: load(files[n], threads=threads) for n in speed_files}
+    samples = {n: [] for n in speed_files}
+    for _ in range(runs):
+        for n in speed_files:
+            samples[n] += decode_speed(llms[n], prompt, new_tokens, 1, threads)["tokens_per_s"]
+    speed = []
+    for n in speed_files:
+        nb = bytes_per_token(files[n])
+        pred = predicted_tokens_per_s(nb, bw.median_gbps)
+        med = statistics.median(samples[n])
+        speed.append({"file": n, "tokens_per_s": samples[n], "median": med,
+                      "min": min(samples[n]), "max": max(samples[n]), "bytes_per_token": nb,
+                      "predicted_tokens_per_s": pred, "measured_over_predicted": med / pred})
+    out = {"engine": f"llama-cpp-python=={version()}", "cmake_args": CMAKE_ARGS,
+           "build_seconds": build_seconds,
+           "protocol": {"n_windows": n_windows, "window_tokens": 512,
+                        "reference": "course fp32 LlamaModel, weights rounded to fp16",
+                        "calibration": {"windows": calib_windows, "tokens": 512,
+                                        "gptq": "act_order, grid q4_0", "awq": "grid q4_0"}},
+           "machine": {"cpu": platform.processor() or platform.machine(),
+                       "cpus": os.cpu_count(), "engine_threads": threads,
+                       "load_avg_1min": os.getloadavg()[0],
+                       "copy_bandwidth_gbps": bw.median_gbps},
+           "seconds": {**{k: round(v, 1) for k, v in seconds.items()},
+                       "total": round(time.perf_counter() - t_all, 1)},
+           "reference_perplexity": ref.perplexity, "rows": rows,
+           "speed": {"runs": runs, "new_tokens": new_tokens, "threads": threads, "rows": speed}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+def main(argv=None) -> None:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m course_lib.engine",
+                                description="lesson 13's tables through llama.cpp")
+    p.add_argument("command", choices=["table"])
+    p.add_argument("--windows", type=int, default=8)
+    p.add_argument("--calib-windows", type=int, default=16)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--build-seconds", type=float, default=None)
+    a = p.parse_args(argv)
+    out = write_table(a.windows, a.calib_windows, a.runs, a.new_tokens, a.threads,
+                      a.build_seconds)
+    for r in out["rows"]:
+        print(r)
+    for r in out["speed"]["rows"]:
+        print({k: v for k, v in r.items() if k != "tokens_per_s"})
+
+
+if __name__ == "__main__":
+    main()
