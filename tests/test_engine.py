@@ -72,7 +72,8 @@ def test_engine_logits_agree_with_the_course_model(model16, files, window_ids):
     larger but still small difference, measured against the course model with the same
     weights."""
     ids = window_ids
-    ours = torch.log_softmax(model16(ids[None])[0].float(), -1)              # (T, V)
+    with torch.no_grad():
+        ours = torch.log_softmax(model16(ids[None])[0].float(), -1)          # (T, V)
     theirs = torch.log_softmax(engine.logits(files["f16"], ids), -1)
     kl, top1 = ceval.kl_and_top1(ours, theirs)
     assert kl < 2e-3 and top1 > 0.97, (kl, top1)
@@ -82,7 +83,8 @@ def test_engine_logits_agree_with_the_course_model(model16, files, window_ids):
             mod.weight.data = gm.quantize_q4_0(mod.weight.data).dequantize()
     emb = qm.model.embed_tokens.weight
     emb.data = gm.quantize_q8_0(emb.data).dequantize()
-    ours_q = torch.log_softmax(qm(ids[None])[0].float(), -1)
+    with torch.no_grad():
+        ours_q = torch.log_softmax(qm(ids[None])[0].float(), -1)
     theirs_q = torch.log_softmax(engine.logits(files["q4_0"], ids), -1)
     kl_q, top1_q = ceval.kl_and_top1(ours_q, theirs_q)
     kl_ref, _ = ceval.kl_and_top1(ours, ours_q)                              # Q4_0's own cost
