@@ -257,7 +257,9 @@ def quantize_file(src, dst, fmt: str, allow_requantize: bool = False,
     fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".partial", dir=dst.parent)
     os.close(fd)
     try:
-        rc = llama_cpp.llama_model_quantize(str(src).encode(), tmp.encode(), params)
+        from llama_cpp._utils import suppress_stdout_stderr
+        with suppress_stdout_stderr(disable=False):       # llama.cpp logs every tensor
+            rc = llama_cpp.llama_model_quantize(str(src).encode(), tmp.encode(), params)
         if rc != 0:
             hint = "" if allow_requantize else (" (its weights may be quantized already: "
                                                 "llama.cpp requantizes only with "
@@ -463,6 +465,9 @@ def write_table(n_windows: int = 8, calib_windows: int = 16, runs: int = 5,
            "speed": {"runs": runs, "new_tokens": new_tokens, "threads": threads, "rows": speed}}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
+    del llms
+    import shutil
+    shutil.rmtree(out_dir, ignore_errors=True)
     return out
 
 
