@@ -391,9 +391,12 @@ def write_table(n_windows: int = 8, calib_windows: int = 16, runs: int = 5,
     from course_lib.gguf_model import quantize_q8_0
     from course_lib.methods import awq, gptq
     from course_lib.methods import calibration as cal
+    from course_lib import device
+    device.ensure_triton_mode()        # before anything imports triton (bandwidth needs it)
     require("llama_model_quantize")
     threads = _threads(threads if threads is not None else min(2, os.cpu_count() or 1))
     t_all = time.perf_counter()
+    bw = bandwidth.measure_copy_bandwidth("cpu")
     out_dir = Path(tempfile.mkdtemp(prefix="engine-table-"))
     model = _fp16_model()
     ref = smollm.reference(model, n_windows)
@@ -432,7 +435,6 @@ def write_table(n_windows: int = 8, calib_windows: int = 16, runs: int = 5,
                                                              "top1_agreement": 1.0}
             r.update({f"course_{k}": c[k] for k in ("perplexity", "kl_nats", "top1_agreement")})
         rows.append(r)
-    bw = bandwidth.measure_copy_bandwidth("cpu")
     from course_lib import smollm as sm
     prompt = sm.tokenizer().encode("The capital of France is")
     speed_files = ["F16", "Q8_0", "Q4_0 RTN", "Q4_0 GPTQ", "Q4_1 (packaged)"]
