@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # JupyterLab refuses to run as root without --allow-root (containers, cloud boxes).
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test exercises render book notebook-times model bench gpu-bundle clean-venv
+.PHONY: setup lab test exercises render book notebook-times model bench engine gpu-bundle clean-venv
 
 setup: $(STAMP)
 
@@ -50,6 +50,27 @@ notebook-times: setup
 		$(PY) -m pytest -q -p course_lib.authoring.notebook_timer notebooks solutions exercises
 	$(PY) -m course_lib.authoring.workshop times --log rendered/notebook_times.jsonl
 	$(PY) -m course_lib.authoring.workshop doc
+
+# llama.cpp for lesson 13 (optional): llama-cpp-python built from source with the flags that run
+# everywhere (native off). The built wheel is kept in ENGINE_WHEELS, so a second build (a new
+# venv, CI on the same machine) installs it in seconds; without it the build takes 4-7 minutes.
+ENGINE_CMAKE_ARGS := -DGGML_NATIVE=OFF
+ENGINE_WHEELS ?= $(HOME)/.cache/quant-course/llama-cpp-python-0.3.36-native-off
+ENGINE_STAMP := $(VENV)/.engine
+
+engine: $(ENGINE_STAMP)
+
+$(ENGINE_STAMP): requirements-engine.txt $(STAMP)
+	@start=$$(date +%s); \
+	if ! ls $(ENGINE_WHEELS)/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1; then \
+	  echo "building llama.cpp (llama-cpp-python 0.3.36) from source: 4-7 minutes on 2 cores, once"; \
+	  CMAKE_ARGS="$(ENGINE_CMAKE_ARGS)" $(PY) -m pip wheel --no-deps --no-cache-dir \
+	    -w $(ENGINE_WHEELS) llama-cpp-python==0.3.36 || exit 1; \
+	fi; \
+	$(PY) -m pip install --find-links $(ENGINE_WHEELS) -r requirements-engine.txt || exit 1; \
+	$(PY) -c "import llama_cpp; print('llama.cpp engine', llama_cpp.__version__, 'ready')" || exit 1; \
+	echo "make engine took $$(( $$(date +%s) - start )) s"
+	touch $@
 
 # Retrain the bundled tiny model (about 30 minutes on 2 CPU cores).
 model: setup

@@ -28,8 +28,11 @@ with transformers (and ``compressed-tensors`` installed): ``AutoModelForCausalLM
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -139,7 +142,6 @@ def export_compressed(model: nn.Module, folder: str | Path, dtype: torch.dtype =
     with rounded scales, not the ones the method used); quantize with ``scale_dtype=dtype``.
     tokenizer_json: a tokenizer.json to copy; default: the byte-level one for a 256-token model.
     """
-    from safetensors.torch import save_file
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point torch dtype (torch.bfloat16 or "
                         f"torch.float16 for vLLM); got {dtype!r}")
@@ -167,7 +169,16 @@ def export_compressed(model: nn.Module, folder: str | Path, dtype: torch.dtype =
         raise ValueError("asymmetric zero points are packed along the rows: out_features must "
                          f"be a multiple of {32 // bits}")
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    with _staging_folder(folder) as tmp:
+        _write_compressed(model, tmp, layers, bits, group_size, symmetric, dtype, tokenizer_json,
+                          strict_scales)
+    return folder
+
+
+def _write_compressed(model, folder: Path, layers, bits, group_size, symmetric, dtype,
+                      tokenizer_json, strict_scales) -> None:
+    """The files of :func:`export_compressed`, written into ``folder`` (a fresh staging one)."""
+    from safetensors.torch import save_file
     offset = 2 ** (bits - 1)
     sd = {}
     for name, t in model.state_dict().items():
@@ -207,7 +218,37 @@ def export_compressed(model: nn.Module, folder: str | Path, dtype: torch.dtype =
     (folder / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length":
          model.config.max_position_embeddings}) + "\n")
-    return folder
+
+
+#: Files that belong to a Hugging Face checkpoint: an export replaces all of them, so a folder
+#: never mixes the new weights with an older checkpoint's shards or index (a loader that
+#: follows a stale index would read the old weights).
+CHECKPOINT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin",
+                       "pytorch_model.bin.index.json", "config.json", "generation_config.json",
+                       "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                       "recipe.yaml")
+
+
+@contextlib.contextmanager
+def _staging_folder(folder: Path):
+    """Yield a fresh folder beside ``folder``; on success its files replace the checkpoint
+    files of ``folder`` (created if missing; other files there are left alone); on any error
+    the staging folder is removed and ``folder`` is untouched."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
+    try:
+        yield tmp
+        if not folder.exists():
+            tmp.rename(folder)                                   # atomic on one file system
+            return
+        for pattern in CHECKPOINT_PATTERNS:                      # the older checkpoint's files
+            for old in folder.glob(pattern):
+                if old.is_file():
+                    old.unlink()
+        for new in tmp.iterdir():
+            new.replace(folder / new.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def vllm_command(folder: str | Path) -> str:
@@ -219,3 +260,216 @@ def vllm_command(folder: str | Path) -> str:
         raise NotADirectoryError(f"{folder} is a file; vLLM serves the exported *folder* "
                                  f"(config.json + model.safetensors)")
     return f"vllm serve {folder} --dtype bfloat16 --max-model-len 256"
+
+
+# ============================================================================ GGUF (lesson 13)
+#: The formats :func:`export_gguf` writes, with llama.cpp's file-type number for each.
+GGUF_FORMATS = {"f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7}
+#: Bits per weight of each format (the fp16 scale, and Q4_1's fp16 minimum, included).
+GGUF_BITS = {"f16": 16.0, "q8_0": 8.5, "q4_1": 5.0, "q4_0": 4.5}
+
+
+def _gguf_name(hf_name: str) -> str:
+    """A course (Hugging Face) tensor name -> its GGUF name (the inverse of the reader's map)."""
+    from course_lib.gguf_model import GGUF_TO_HF
+    parts = hf_name.split(".")
+    if len(parts) > 3 and parts[:2] == ["model", "layers"]:
+        key = "model.layers.{i}." + ".".join(parts[3:])
+        for g, h in GGUF_TO_HF.items():
+            if h == key:
+                return g.format(i=parts[2])
+    for g, h in GGUF_TO_HF.items():
+        if h == hf_name and "{i}" not in g:
+            return g
+    raise ValueError(f"tensor {hf_name!r} has no place in a llama GGUF file (is the model a "
+                     f"course LlamaModel?)")
+
+
+def _check_gguf_format(fmt) -> str:
+    if not isinstance(fmt, str) or fmt.lower() not in GGUF_FORMATS:
+        raise ValueError(f"fmt must be one of {sorted(GGUF_FORMATS)} (the formats this writer "
+                         f"lays out bit for bit as llama.cpp does); got {fmt!r}. K-quants "
+                         f"(Q4_K_M ...) come from llama.cpp's own quantizer")
+    return fmt.lower()
+
+
+def _exact_fp16(t: torch.Tensor) -> bool:
+    t = t.float()
+    return bool(torch.isfinite(t.half().float()).all()) and torch.equal(t.half().float(), t)
+
+
+def block_weights(m: GroupQuantLinear, fmt: str, strict_scales: bool = True):
+    """A method's quantized Linear as llama.cpp blocks of ``fmt``, its codes and scales
+    unchanged (lesson 13): Q4_0 holds symmetric 4-bit codes in -8..7 per 32 weights, Q8_0
+    symmetric 8-bit codes in -127..127, Q4_1 codes 0..15 with a scale and a float minimum
+    (the q4_1 grid's offset is m; a zero point z gives ``m = -z * s``). The scales (and minima) must be
+    exact in fp16, as the file stores them (``strict_scales=False`` rounds them)."""
+    from course_lib.gguf_model import BLOCK, BlockQuantized
+    want = {"q4_0": (4, True), "q8_0": (8, True), "q4_1": (4, False)}[fmt]
+    if (m.bits, m.symmetric) != want or m.group_size != BLOCK:
+        kind = f"int{m.bits} {'sym' if m.symmetric else 'asym'} g{m.group_size}"
+        raise ValueError(f"this layer is {kind} ({m.method}); {fmt.upper()} holds "
+                         f"{'symmetric' if want[1] else 'asymmetric'} {want[0]}-bit codes in "
+                         f"blocks of {BLOCK}: quantize with bits={want[0]}, group_size={BLOCK}"
+                         f"{'' if want[1] else ', symmetric=False'} (grid='{fmt}'), or export "
+                         f"as 'f16'. Rounding its weights a second time would quantize twice")
+    scale = m.scale.float()
+    offset = getattr(m, "offset", None)                     # llama.cpp's Q4_1 grid: minimum m
+    if m.symmetric:
+        minimum = None
+    elif offset is not None:
+        minimum = offset.float() - (0 if m.zero is None else m.zero.float() * scale)
+    else:
+        minimum = -m.zero.float() * scale
+    if strict_scales and not all(_exact_fp16(t) for t in (scale, minimum) if t is not None):
+        raise ValueError(f"{fmt.upper()} stores scales{'' if m.symmetric else ' and minima'} "
+                         f"as fp16 and this layer's are not exact in fp16: quantize with "
+                         f"scale_dtype=torch.float16 (or pass strict_scales=False to round them)")
+    codes = m.codes.to(torch.int16)
+    if fmt == "q4_0" and (int(codes.min()) < -8 or int(codes.max()) > 7):
+        raise ValueError(f"Q4_0 codes lie in -8..7; got {int(codes.min())}..{int(codes.max())}")
+    codes = codes.to(torch.int8) if m.symmetric else codes.to(torch.uint8)
+    return BlockQuantized(fmt, codes, scale.half(),
+                          None if minimum is None else minimum.half())
+
+
+def _gguf_tensor(name: str, t: torch.Tensor, mod, fmt: str, embed_fmt: str,
+                 strict_scales: bool):
+    """(GGUF name, numpy data, raw type or None) for one course tensor."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as T
+    from course_lib.gguf_model import QUANTIZERS, BlockQuantized
+    gname = _gguf_name(name)
+    if t.dim() == 1:                                                     # norms: F32
+        return gname, t.detach().float().numpy().copy(), None
+    kind = embed_fmt if gname in ("token_embd.weight", "output.weight") else fmt
+    if isinstance(mod, GroupQuantLinear):
+        if kind == "f16":
+            value = mod.dequantized()
+        else:
+            value = block_weights(mod, kind, strict_scales)
+    else:
+        value = t.detach().float()
+        if kind != "f16":
+            value = QUANTIZERS[kind](value)
+    return gname, value, kind
+
+
+class _Fields:
+    """Metadata entries shaped like ``gguf.GGUFReader`` for ``config_from_gguf``."""
+    class _F:
+        def __init__(self, v):
+            self.v = v
+
+        def contents(self):
+            return self.v
+
+    def __init__(self, entries):
+        self.fields = {k: self._F(v) for k, _, v, _ in entries}
+        self.tensors = []
+
+
+def _gguf_metadata(source, cfg) -> list:
+    """The source file's metadata (tokenizer included) as (key, type, value, item type),
+    checked against the model: same architecture, same shapes."""
+    from course_lib.gguf_model import config_from_gguf, read_metadata
+    if source is None:
+        from course_lib import smollm
+        source = smollm.gguf_path()
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"source must be the path of the GGUF file the model came from; got "
+                        f"{type(source).__name__}")
+    entries = read_metadata(source)
+    src_cfg = config_from_gguf(_Fields(entries))          # refuses another architecture
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "intermediate_size", "vocab_size"):
+        if getattr(src_cfg, key) != getattr(cfg, key):
+            raise ValueError(f"the source GGUF {Path(source).name} describes another model "
+                             f"({key} {getattr(src_cfg, key)}, the model has "
+                             f"{getattr(cfg, key)}): pass the GGUF the model came from")
+    return entries
+
+
+def export_gguf(model: nn.Module, path: str | os.PathLike, fmt: str = "q4_0",
+                source: str | os.PathLike | None = None, overwrite: bool = False,
+                embed_fmt: str | None = None, strict_scales: bool = True) -> Path:
+    """Write a course LlamaModel as a GGUF file that llama.cpp runs (lesson 13). Returns path.
+
+    fmt: "f16", "q8_0", "q4_0" or "q4_1", the block layouts of llama.cpp bit for bit. A plain
+    Linear is rounded with llama.cpp's own rule for ``fmt`` (the same bytes as its quantizer
+    from the same weights); a method's :class:`GroupQuantLinear` (GPTQ, AWQ, RTN on the
+    format's grid) goes in with its codes and scales unchanged (:func:`block_weights`).
+    The token embeddings (also the tied output head) are Q8_0 in the quantized formats, as
+    llama.cpp's quantizer chooses for SmolLM2, F16 in "f16" (``embed_fmt`` overrides); norms
+    F32. Metadata and the tokenizer are copied from ``source`` (default: SmolLM2's packaged
+    GGUF), whose architecture and shapes must match the model.
+
+    An existing file is refused unless ``overwrite=True``; the file is written under a
+    temporary name beside ``path`` and renamed at the end, so a failed or refused export
+    leaves nothing behind and never a half-written file.
+    """
+    from gguf import GGUFValueType, GGUFWriter, GGMLQuantizationType as T
+    from course_lib.gguf_model import permute_rope_rows
+    from course_lib.model import LlamaModel
+    fmt = _check_gguf_format(fmt)
+    embed_fmt = _check_gguf_format(embed_fmt) if embed_fmt is not None else \
+        ("f16" if fmt == "f16" else "q8_0")
+    if not isinstance(model, LlamaModel):
+        raise TypeError(f"export_gguf writes a course LlamaModel (smollm.load(), then a "
+                        f"method); got {type(model).__name__}")
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"overwrite must be True or False; got {overwrite!r}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a file path ending in .gguf; got {type(path).__name__}")
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder; give a file name such as "
+                                f"{path / 'model.gguf'}")
+    if path.suffix != ".gguf":
+        raise ValueError(f"path must name a .gguf file (llama.cpp's format); got {str(path)!r}")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; pass overwrite=True to replace it (or choose "
+                              f"another name)")
+    cfg = model.config
+    fields = _gguf_metadata(source, cfg)
+    mods = dict(model.named_modules())
+    tensors = []                                  # (name, numpy array, raw type or None)
+    for name, t in model.state_dict().items():
+        mod_name, _, leaf = name.rpartition(".")
+        if leaf != "weight" or (name == "lm_head.weight" and cfg.tie_word_embeddings):
+            continue
+        gname, value, kind = _gguf_tensor(name, t, mods.get(mod_name), fmt, embed_fmt,
+                                          strict_scales)
+        if gname.endswith(("attn_q.weight", "attn_k.weight")):           # llama.cpp's rows
+            heads = cfg.num_attention_heads if "attn_q" in gname else cfg.num_key_value_heads
+            order = permute_rope_rows(value.codes.shape[0] if hasattr(value, "codes")
+                                      else value.shape[0], heads)
+            value = value.rows(order) if hasattr(value, "rows") else value[order]
+        if kind is None:
+            tensors.append((gname, value, None))
+        elif kind == "f16":
+            tensors.append((gname, value.half().numpy(), None))
+        else:
+            tensors.append((gname, value.to_bytes(), getattr(T, kind.upper())))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    os.close(fd)
+    try:
+        writer = GGUFWriter(tmp, "llama")
+        for key, vtype, val, sub in fields:
+            if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
+                continue
+            writer.add_key_value(key, val, GGUFValueType(vtype),
+                                 sub_type=None if sub is None else GGUFValueType(sub))
+        writer.add_file_type(GGUF_FORMATS[fmt])
+        for gname, data, raw in tensors:
+            writer.add_tensor(gname, data, raw_dtype=raw)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path

@@ -22,6 +22,7 @@ that so the weights fit the Hugging Face layout that ``LlamaModel`` uses.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,10 +31,12 @@ import torch
 
 from course_lib.model import ModelConfig
 
-BLOCK = 32                      # weights per block in Q4_1 and Q8_0
+BLOCK = 32                      # weights per block in Q4_0, Q4_1 and Q8_0
+Q4_0_BYTES = 2 + BLOCK // 2      # fp16 scale, 16 bytes of nibbles
 Q4_1_BYTES = 2 + 2 + BLOCK // 2  # fp16 scale, fp16 minimum, 16 bytes of nibbles
 Q8_0_BYTES = 2 + BLOCK           # fp16 scale, 32 int8 codes
-SUPPORTED_TYPES = ("F32", "F16", "Q4_1", "Q8_0")
+BLOCK_BYTES = {"q4_0": Q4_0_BYTES, "q4_1": Q4_1_BYTES, "q8_0": Q8_0_BYTES}
+SUPPORTED_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
 
 #: GGUF tensor names -> the course model's (Hugging Face) names; {i} is the layer.
 GGUF_TO_HF = {
@@ -57,6 +60,7 @@ GGUF_TO_HF = {
 class BlockQuantized:
     """A weight (out, in) stored as llama.cpp block codes: ``w = scale * codes (+ minimum)``.
 
+    kind "q4_0": codes int8 in -8..7 (the file stores q + 8), scale fp16 (out, in/32).
     kind "q4_1": codes uint8 in 0..15, scale and minimum fp16 (out, in/32).
     kind "q8_0": codes int8 in -127..127, scale fp16 (out, in/32), minimum None.
     """
@@ -81,8 +85,11 @@ class BlockQuantized:
 
     @property
     def bits_per_weight(self) -> float:
-        per_block = Q4_1_BYTES if self.kind == "q4_1" else Q8_0_BYTES
-        return per_block * 8 / BLOCK
+        return BLOCK_BYTES[self.kind] * 8 / BLOCK
+
+    def to_bytes(self) -> np.ndarray:
+        """The tensor as llama.cpp stores it: uint8 (out, in/32 * block bytes) (lesson 13)."""
+        return pack_blocks(self)
 
 
 def unpack_q4_1(raw: np.ndarray, cols: int) -> BlockQuantized:
@@ -103,6 +110,26 @@ def unpack_q4_1(raw: np.ndarray, cols: int) -> BlockQuantized:
     codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)                # (rows, nb, 32)
     return BlockQuantized("q4_1", torch.from_numpy(codes.reshape(rows, cols).copy()),
                           torch.from_numpy(d.copy()), torch.from_numpy(m.copy()))
+
+
+def unpack_q4_0(raw: np.ndarray, cols: int) -> BlockQuantized:
+    """Raw Q4_0 bytes (rows, cols/32 * 18) -> codes int8 in -8..7 (rows, cols) and fp16 scale.
+
+    In each 18-byte block: bytes 0-1 the scale d, then 16 bytes whose low nibbles are weights
+    0..15 and whose high nibbles are weights 16..31, each stored as q + 8; ``w = d * q``.
+    """
+    rows = raw.shape[0]
+    nb = cols // BLOCK
+    if cols % BLOCK or raw.shape[1] != nb * Q4_0_BYTES:
+        raise ValueError(f"a Q4_0 tensor of {cols} columns needs {nb * Q4_0_BYTES} bytes per row "
+                         f"(blocks of 32); got {raw.shape[1]}: the file may be corrupt")
+    blocks = raw.reshape(rows, nb, Q4_0_BYTES)                           # (rows, nb, 18)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]                 # (rows, nb)
+    qs = blocks[..., 2:]                                                 # (rows, nb, 16)
+    u = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)                    # (rows, nb, 32)
+    codes = u.astype(np.int8) - np.int8(8)
+    return BlockQuantized("q4_0", torch.from_numpy(codes.reshape(rows, cols).copy()),
+                          torch.from_numpy(d.copy()), None)
 
 
 def unpack_q8_0(raw: np.ndarray, cols: int) -> BlockQuantized:
@@ -154,6 +181,104 @@ def quantize_q4_1(w: torch.Tensor) -> BlockQuantized:
     return BlockQuantized("q4_1", q.reshape(out, cols), d[..., 0].half(), lo[..., 0].half())
 
 
+def _blocks(w: torch.Tensor, kind: str) -> torch.Tensor:
+    """w (out, in) -> fp32 blocks (out, in/32, 32), refusing what a block format cannot hold."""
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"{kind.upper()} quantizes a 2-D floating-point weight (out, in); got "
+                         + (f"{tuple(w.shape)} {w.dtype}" if isinstance(w, torch.Tensor)
+                            else type(w).__name__))
+    if w.shape[1] % BLOCK or w.shape[1] == 0:
+        raise ValueError(f"{kind.upper()} stores blocks of {BLOCK} weights along each row: the "
+                         f"input width must be a multiple of {BLOCK}; got {w.shape[1]}")
+    if not torch.isfinite(w).all():
+        raise ValueError(f"the weight holds NaN or inf: {kind.upper()} cannot represent them")
+    out, cols = w.shape
+    return w.detach().float().reshape(out, cols // BLOCK, BLOCK)         # (out, nb, 32)
+
+
+def _reciprocal(d: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's ``id = d ? 1.0f/d : 0.0f`` in fp32."""
+    return torch.where(d == 0, torch.zeros_like(d), 1.0 / torch.where(d == 0, torch.ones_like(d), d))
+
+
+def quantize_q4_0(w: torch.Tensor) -> BlockQuantized:
+    """Quantize w (out, in) with llama.cpp's Q4_0 rule (lesson 13), bit for bit.
+
+    Per block of 32: ``max`` is the weight with the largest magnitude, *with its sign* (the
+    first one on a tie); d = max / -8; q = min(15, trunc(w / d + 8.5)) in 0..15, stored as
+    q - 8 (so the largest weight gets code -8 exactly, and its opposite is clipped to 7);
+    all in fp32 with the unrounded d, which is then stored as fp16.
+    """
+    b = _blocks(w, "q4_0")                                               # (out, nb, 32)
+    out, nb, _ = b.shape
+    idx = b.abs().argmax(-1, keepdim=True)                               # first largest |w|
+    mx = b.gather(-1, idx)                                               # (out, nb, 1), signed
+    d = mx / -8.0
+    q = torch.trunc(b * _reciprocal(d) + 8.5).clamp(max=15)              # (out, nb, 32) 0..15
+    codes = (q.to(torch.int16) - 8).to(torch.int8)
+    return BlockQuantized("q4_0", codes.reshape(out, nb * BLOCK), d[..., 0].half(), None)
+
+
+def quantize_q8_0(w: torch.Tensor) -> BlockQuantized:
+    """Quantize w (out, in) with llama.cpp's Q8_0 rule (lessons 04, 13), bit for bit.
+
+    Per block of 32: d = max|w| / 127; q = roundf(w / d) (C's roundf: halves away from zero,
+    not torch.round's halves to even), in -127..127; d stored as fp16.
+    """
+    b = _blocks(w, "q8_0")                                               # (out, nb, 32)
+    out, nb, _ = b.shape
+    d = b.abs().amax(-1, keepdim=True) / 127.0                           # (out, nb, 1) fp32
+    x = (b * _reciprocal(d)).double()                                    # exact copy of fp32
+    q = torch.trunc(x + 0.5 * torch.sign(x))                             # roundf
+    return BlockQuantized("q8_0", q.to(torch.int8).reshape(out, nb * BLOCK), d[..., 0].half(),
+                          None)
+
+
+QUANTIZERS = {"q4_0": quantize_q4_0, "q4_1": quantize_q4_1, "q8_0": quantize_q8_0}
+
+
+def _nibbles(u: torch.Tensor) -> np.ndarray:
+    """Codes 0..15 (rows, nb, 32) -> 16 bytes per block: weight j low, weight j + 16 high."""
+    u = u.to(torch.uint8).numpy()
+    return u[..., :BLOCK // 2] | (u[..., BLOCK // 2:] << 4)             # (rows, nb, 16)
+
+
+def pack_blocks(bq: BlockQuantized) -> np.ndarray:
+    """A :class:`BlockQuantized` weight as llama.cpp's bytes, uint8 (rows, nb * block bytes)."""
+    if not isinstance(bq, BlockQuantized) or bq.kind not in BLOCK_BYTES:
+        raise ValueError(f"pack_blocks takes a BlockQuantized of kind {sorted(BLOCK_BYTES)}; got "
+                         f"{getattr(bq, 'kind', type(bq).__name__)!r}")
+    rows, cols = bq.codes.shape
+    if cols % BLOCK or tuple(bq.scale.shape) != (rows, cols // BLOCK):
+        raise ValueError(f"codes (rows, cols) need cols a multiple of {BLOCK} and one scale per "
+                         f"block, (rows, cols/32); got codes {tuple(bq.codes.shape)}, scale "
+                         f"{tuple(bq.scale.shape)}")
+    nb = cols // BLOCK
+    lo, hi = {"q4_0": (-8, 7), "q4_1": (0, 15), "q8_0": (-127, 127)}[bq.kind]
+    c = bq.codes.to(torch.int16)
+    if int(c.min()) < lo or int(c.max()) > hi:
+        raise ValueError(f"{bq.kind.upper()} codes lie in {lo}..{hi}; got {int(c.min())}.."
+                         f"{int(c.max())}")
+    c = c.reshape(rows, nb, BLOCK)
+    d = bq.scale.to(torch.float16).numpy().reshape(rows, nb, 1).view(np.uint8)  # (rows, nb, 2)
+    if bq.kind == "q4_0":
+        parts = [d, _nibbles(c + 8)]
+    elif bq.kind == "q4_1":
+        if bq.minimum is None:
+            raise ValueError("a Q4_1 weight needs its fp16 minimum per block")
+        m = bq.minimum.to(torch.float16).numpy().reshape(rows, nb, 1).view(np.uint8)
+        parts = [d, m, _nibbles(c)]
+    else:
+        parts = [d, c.to(torch.int8).numpy().view(np.uint8)]
+    return np.concatenate(parts, axis=-1).reshape(rows, nb * BLOCK_BYTES[bq.kind])
+
+
+def permute_rope_rows(n_rows: int, n_heads: int) -> torch.Tensor:
+    """Row order that applies llama.cpp's query/key permutation: ``w_gguf = w_hf[order]``
+    (the inverse of :func:`unpermute_rope_rows`; the GGUF writer of lesson 13 uses it)."""
+    return torch.argsort(unpermute_rope_rows(n_rows, n_heads))
+
+
 def unpermute_rope_rows(n_rows: int, n_heads: int) -> torch.Tensor:
     """Row order that undoes llama.cpp's query/key permutation: ``w_hf = w_gguf[order]``.
 
@@ -187,6 +312,82 @@ def open_gguf(path: str | Path):
     except Exception as e:  # the reader raises ValueError/IndexError/... on damaged files
         raise ValueError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); it may "
                          f"be truncated or corrupt: reinstall it") from None
+
+
+#: GGUF metadata value types (gguf.GGUFValueType): struct format of the fixed-size ones.
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
+            11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+def read_metadata(path: str | Path) -> list[tuple[str, int, object, int | None]]:
+    """Every metadata entry of a GGUF file as (key, value type, value, array item type), in
+    file order (lesson 13's writer copies them). The same values as ``gguf.GGUFReader``'s
+    fields, read straight from the header with ``struct``: the reader builds a numpy view per
+    token of the vocabulary, which takes seconds for SmolLM2's 49152 tokens and 48900 merges.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{str(path)!r} is a folder; pass the .gguf file itself")
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file {str(path)!r} does not exist")
+    stat = path.stat()
+    return list(_read_metadata(str(path.resolve()), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=4)
+def _read_metadata(path: str, mtime_ns: int, size: int) -> tuple:
+    import struct
+    with open(path, "rb") as f:
+        head = f.read(24)
+        if len(head) < 24 or head[:4] != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file (it does not start with b'GGUF')")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", head, 4)
+        if version not in (2, 3):
+            raise ValueError(f"{path}: GGUF version {version}; this reader knows versions 2 "
+                             f"and 3")
+        buf = f.read(min(size, 64 * 2**20))          # metadata sits before the tensor data
+    pos = 0
+
+    def take(fmt):
+        nonlocal pos
+        v = struct.unpack_from(fmt, buf, pos)[0]
+        pos += struct.calcsize(fmt)
+        return v
+
+    def string():
+        nonlocal pos
+        n = take("<Q")
+        s = buf[pos:pos + n].decode("utf-8")
+        pos += n
+        return s
+
+    def value(vtype):
+        nonlocal pos
+        if vtype == _STRING:
+            return string()
+        if vtype in _SCALARS:
+            return take(_SCALARS[vtype])
+        raise ValueError(f"{path}: unknown metadata type {vtype}: the file may be corrupt")
+
+    out = []
+    try:
+        for _ in range(n_kv):
+            key, vtype = string(), take("<I")
+            if vtype != _ARRAY:
+                out.append((key, vtype, value(vtype), None))
+                continue
+            sub, n = take("<I"), take("<Q")
+            if sub in _SCALARS:
+                dt = np.dtype(_SCALARS[sub])
+                items = np.frombuffer(buf, dt, n, pos).tolist()
+                pos += n * dt.itemsize
+            else:
+                items = [value(sub) for _ in range(n)]
+            out.append((key, vtype, items, sub))
+    except (struct.error, ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: damaged GGUF metadata ({e}); reinstall the file") from None
+    return tuple(out)
 
 
 def _field(reader, key: str, default=None):
@@ -249,7 +450,9 @@ def read_tensors(reader, cfg: ModelConfig) -> dict[str, torch.Tensor | BlockQuan
         name = _hf_name(t.name)
         shape = [int(s) for s in reversed(t.shape.tolist())]             # numpy order (out, in)
         data = np.asarray(t.data)
-        if kind == "Q4_1":
+        if kind == "Q4_0":
+            value = unpack_q4_0(data.reshape(shape[0], -1), shape[-1])
+        elif kind == "Q4_1":
             value = unpack_q4_1(data.reshape(shape[0], -1), shape[-1])
         elif kind == "Q8_0":
             value = unpack_q8_0(data.reshape(shape[0], -1), shape[-1])
@@ -261,3 +464,13 @@ def read_tensors(reader, cfg: ModelConfig) -> dict[str, torch.Tensor | BlockQuan
             value = value.rows(order) if isinstance(value, BlockQuantized) else value[order]
         out[name] = value
     return out
+
+
+def pack_q4_0_block(block: torch.Tensor) -> torch.Tensor:
+    """One block of 32 weights as llama.cpp's 18 Q4_0 bytes, uint8 (18,) (lesson 13)."""
+    if not isinstance(block, torch.Tensor) or block.shape != (BLOCK,) or \
+            not block.is_floating_point():
+        raise ValueError(f"block must be a float tensor of shape ({BLOCK},); got "
+                         + (f"{tuple(block.shape)} {block.dtype}" if isinstance(block, torch.Tensor)
+                            else type(block).__name__))
+    return torch.from_numpy(quantize_q4_0(block[None]).to_bytes()[0].copy())

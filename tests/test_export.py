@@ -129,3 +129,34 @@ def test_export_helpers_refuse_bad_arguments(tmp_path):
         export.export_compressed(torch.nn.Linear(2, 2), tmp_path / "x", dtype=torch.int8)
     with pytest.raises(FileNotFoundError, match="tokenizer_json .* is not a file"):
         export.export_compressed(torch.nn.Linear(2, 2), tmp_path / "x", tokenizer_json=tmp_path / "no")
+
+
+def test_export_replaces_an_older_sharded_checkpoint(model, tmp_path):
+    """Issue 19: no stale shards or index beside the new files; other files are left alone."""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    stale = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+             "model.safetensors.index.json", "generation_config.json"]
+    for name in stale:
+        (folder / name).write_text("old")
+    (folder / "NOTES.md").write_text("mine")
+    qm = cal.rtn_model(model, 4, 32, scale_dtype=torch.bfloat16)
+    export.export_compressed(qm, folder)
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == ["NOTES.md", "config.json", "model.safetensors", "tokenizer.json",
+                     "tokenizer_config.json"]
+    assert not [p for p in tmp_path.iterdir() if "partial" in p.name]
+
+
+def test_a_refused_export_leaves_nothing_behind(model, tmp_path):
+    fp32 = cal.rtn_model(model, 4, 32)                        # fp32 scales: refused for bf16
+    with pytest.raises(ValueError, match="scale_dtype"):
+        export.export_compressed(fp32, tmp_path / "new")
+    assert list(tmp_path.iterdir()) == []
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "model.safetensors").write_text("old")
+    with pytest.raises(ValueError, match="scale_dtype"):
+        export.export_compressed(fp32, old)
+    assert [p.name for p in tmp_path.iterdir()] == ["old"]
+    assert (old / "model.safetensors").read_text() == "old"

@@ -1,0 +1,262 @@
+"""Exercises of lesson 13, "Ship it" (solutions/13_ship_it.ipynb)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from course_lib import engine
+from course_lib.checks import Case, Exercise, register
+from course_lib.gguf_model import pack_q4_0_block
+
+
+# ---------------------------------------------------------------- 13.pack_q4_0
+
+def _blk(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def _pack_cases():
+    g = torch.Generator().manual_seed(13)
+    tie_pos = torch.zeros(32)
+    tie_pos[3], tie_pos[20] = 2.0, -2.0                      # |max| tie: +2 comes first
+    tie_neg = torch.zeros(32)
+    tie_neg[3], tie_neg[20] = -2.0, 2.0                      # ... and here -2 comes first
+    halves = torch.arange(32, dtype=torch.float32) / 4 - 4   # x/d + 8.5 lands on whole numbers
+    halves[0] = -8.0
+    return [
+        Case((torch.randn(32, generator=g),), label="a random block"),
+        Case((torch.randn(32, generator=g) * 0.02,), label="small weights, as in a real layer"),
+        Case((tie_pos,), label="+2 and -2: the first of the largest magnitudes sets the sign"),
+        Case((tie_neg,), label="-2 first: d changes sign"),
+        Case((torch.zeros(32),), label="all zeros: d = 0, every code 8"),
+        Case((halves,), label="values on the rounding boundaries"),
+        Case((_blk([0.1 * i for i in range(32)]),), label="the largest weight is the last one"),
+        Case((torch.full((32,), -3.0),), label="a constant block"),
+        Case((torch.randn(32, generator=g).double(),), label="float64 input: same bytes"),
+        Case((torch.randn(31, generator=g),), label="31 weights: raise ValueError",
+             raises=ValueError),
+        Case((torch.randn(2, 32, generator=g),), label="two blocks at once: raise ValueError",
+             raises=ValueError),
+        Case((torch.full((32,), float("nan")),), label="NaN weights: raise ValueError",
+             raises=ValueError),
+    ]
+
+
+def _pack_ref(block):
+    if not isinstance(block, torch.Tensor) or block.shape != (32,) or \
+            not block.is_floating_point():
+        raise ValueError("block must be 32 floats")
+    if not torch.isfinite(block).all():
+        raise ValueError("NaN or inf")
+    return pack_q4_0_block(block.float())
+
+
+def _pack_with(block, signed_max=True, first=True, rule="trunc", layout="halves",
+               scale_dtype=np.float16, clip=15):
+    """A configurable packer: the right one with the defaults; each mutant changes one thing."""
+    if not isinstance(block, torch.Tensor) or block.shape != (32,) or \
+            not block.is_floating_point() or not torch.isfinite(block).all():
+        raise ValueError("block must be 32 finite floats")
+    x = block.float()
+    order = range(32) if first else range(31, -1, -1)
+    amax, mx = 0.0, 0.0
+    for j in order:
+        if abs(float(x[j])) > amax:
+            amax, mx = abs(float(x[j])), float(x[j])
+    m = torch.tensor(mx if signed_max else amax, dtype=torch.float32)
+    d = m / -8
+    inv = torch.where(d == 0, torch.zeros(()), 1 / torch.where(d == 0, torch.ones(()), d))
+    v = x * inv + 8.5
+    q = torch.trunc(v) if rule == "trunc" else torch.round(x * inv) + 8
+    q = q.clamp(0, clip).to(torch.uint8).numpy()
+    if layout == "halves":
+        nib = q[:16] | (q[16:] << 4)
+    else:
+        nib = q[0::2] | (q[1::2] << 4)
+    head = np.array([float(d)], dtype=scale_dtype).view(np.uint8)
+    if scale_dtype == np.float32:
+        head = head[:2]
+    return torch.from_numpy(np.concatenate([head, nib]).astype(np.uint8))
+
+
+register(Exercise(
+    id="13.pack_q4_0",
+    title="one Q4_0 block, byte for byte",
+    reference=_pack_ref,
+    cases=_pack_cases,
+    hint=["Which one of the 32 weights sets the scale, and does its sign matter? Where does "
+          "the +8 come from, and which way does C's cast of a float to an integer round?",
+          "Find the weight with the largest magnitude (the first one on a tie) and keep its "
+          "sign: d = that weight / -8. Each code is min(15, trunc(x / d + 8.5)), computed "
+          "with d in float32 (and 0 for every code's x / d when d is 0).",
+          "Bytes 0-1: d as float16 (`np.array([d], np.float16).view(np.uint8)`). Bytes 2-17: "
+          "byte j holds code j in its low four bits and code j + 16 in its high four bits: "
+          "`q[:16] | (q[16:] << 4)`. Return a torch uint8 tensor of 18 bytes."],
+    wrong=[lambda b: _pack_with(b, signed_max=False),
+           lambda b: _pack_with(b, first=False),
+           lambda b: _pack_with(b, rule="round"),
+           lambda b: _pack_with(b, layout="pairs"),
+           lambda b: _pack_with(b, scale_dtype=np.float32),
+           lambda b: _pack_with(b, clip=14)],
+))
+
+
+# ---------------------------------------------------------------- 13.decode_bytes
+
+def _sizes(tied=True, extra=None):
+    s = {"token_embd.weight": 49152 * 612, "blk.0.attn_q.weight": 576 * 324,
+         "blk.0.ffn_down.weight": 576 * 864, "blk.0.attn_norm.weight": 576 * 4,
+         "output_norm.weight": 576 * 4}
+    if not tied:
+        s["output.weight"] = 49152 * 324
+    if extra:
+        s.update(extra)
+    return s
+
+
+def _decode_cases():
+    return [
+        Case((_sizes(True), 49152), label="tied embeddings: the table is the head, read whole"),
+        Case((_sizes(False), 49152), label="its own output head: one embedding row per token"),
+        Case(({"token_embd.weight": 1000, "output.weight": 500}, 10),
+             label="a toy file with a head"),
+        Case(({"token_embd.weight": 1000}, 10), label="a toy file with tied embeddings"),
+        Case(({"blk.0.attn_q.weight": 0, "token_embd.weight": 8}, 4),
+             label="an empty tensor counts 0"),
+        Case(({}, 10), label="no tensors: raise ValueError", raises=ValueError),
+        Case((_sizes(True), 0), label="a vocabulary of 0: raise ValueError", raises=ValueError),
+        Case(({"token_embd.weight": -5}, 4), label="negative bytes: raise ValueError",
+             raises=ValueError),
+        Case(({"token_embd.weight": 10.5}, 4), label="bytes are whole: raise ValueError",
+             raises=ValueError),
+    ]
+
+
+def _dec_all(sizes, n_vocab):
+    engine.decode_bytes(sizes, n_vocab)
+    return sum(sizes.values())
+
+
+def _dec_never(sizes, n_vocab):
+    engine.decode_bytes(sizes, n_vocab)
+    return sum(b for k, b in sizes.items() if k != "token_embd.weight")
+
+
+def _dec_row_always(sizes, n_vocab):
+    engine.decode_bytes(sizes, n_vocab)
+    return sum(b // n_vocab if k == "token_embd.weight" else b for k, b in sizes.items())
+
+
+def _dec_no_checks(sizes, n_vocab):
+    total = 0
+    for k, b in sizes.items():
+        total += b // max(n_vocab, 1) if k == "token_embd.weight" and "output.weight" in sizes \
+            else b
+    return total
+
+
+register(Exercise(
+    id="13.decode_bytes",
+    title="the bytes one decoded token reads",
+    reference=engine.decode_bytes,
+    cases=_decode_cases,
+    int_results=True,
+    hint=["Decoding one token multiplies the new activation by every weight matrix once. Which "
+          "tensor is the exception, and what changes when the model has no output.weight of "
+          "its own?",
+          "Sum every tensor's bytes, except token_embd.weight when output.weight exists: then "
+          "the lookup reads one row, bytes // n_vocab. Refuse an empty dict, n_vocab < 1 and "
+          "sizes that are not whole numbers >= 0 with ValueError.",
+          "`total += b // n_vocab if name == 'token_embd.weight' and 'output.weight' in sizes "
+          "else b` in a loop over `sizes.items()`, after the checks."],
+    wrong=[_dec_all, _dec_never, _dec_row_always, _dec_no_checks],
+))
+
+
+# ---------------------------------------------------------------- 13.choose_file
+
+def _rows():
+    return [{"file": "f16", "perplexity": 15.80, "bytes": 270_000_000},
+            {"file": "q8_0", "perplexity": 15.81, "bytes": 145_000_000},
+            {"file": "q4_0 gptq", "perplexity": 16.90, "bytes": 92_000_000},
+            {"file": "q4_0 rtn", "perplexity": 18.40, "bytes": 92_000_000},
+            {"file": "q4_1", "perplexity": 16.50, "bytes": 98_000_000}]
+
+
+def _choose_cases():
+    rows = _rows()
+    edge = [{"file": "a", "perplexity": 10.5, "bytes": 5}, {"file": "b", "perplexity": 10.0,
+                                                            "bytes": 9}]
+    return [
+        Case((rows, 15.80, 0.01), label="1 %: only the 8-bit file fits"),
+        Case((rows, 15.80, 0.05), label="5 %: Q4_1 fits, the 4-bit files do not"),
+        Case((rows, 15.80, 0.10), label="10 %: GPTQ's Q4_0 fits, RTN's does not"),
+        Case((rows, 15.80, 0.20), label="20 %: both Q4_0 fit, same bytes: the lower perplexity"),
+        Case((edge, 10.0, 0.05), label="exactly on the budget: it fits"),
+        Case((rows, 15.80, 0.0), label="no loss allowed: only files at or below the reference"),
+        Case((list(reversed(rows)), 15.80, 0.20),
+             label="RTN listed before GPTQ, same bytes: still the lower perplexity"),
+        Case((rows, 15.80, 5), label="5 meaning 5 %: raise ValueError (a fraction is asked)",
+             raises=ValueError),
+        Case((rows, 15.80, -0.1), label="a negative budget: raise ValueError", raises=ValueError),
+        Case((rows, float("nan"), 0.1), label="a NaN reference: raise ValueError",
+             raises=ValueError),
+        Case((rows, 10.0, 0.1), label="nothing fits: raise ValueError", raises=ValueError),
+    ]
+
+
+def _choose_strict(rows, ref, budget):
+    engine.choose_file(rows, ref, budget)
+    fits = [r for r in rows if r["perplexity"] < ref * (1 + budget)]
+    if not fits:
+        raise ValueError("none")
+    return min(fits, key=lambda r: (r["bytes"], r["perplexity"]))["file"]
+
+
+def _choose_first_on_tie(rows, ref, budget):
+    engine.choose_file(rows, ref, budget)
+    fits = [r for r in rows if r["perplexity"] <= ref * (1 + budget)]
+    return min(fits, key=lambda r: r["bytes"])["file"]
+
+
+def _choose_absolute(rows, ref, budget):
+    engine.choose_file(rows, ref, budget)
+    fits = [r for r in rows if r["perplexity"] - ref <= budget]
+    if not fits:
+        raise ValueError("none")
+    return min(fits, key=lambda r: (r["bytes"], r["perplexity"]))["file"]
+
+
+def _choose_percent(rows, ref, budget):
+    if not 0 <= budget < 100 or not math.isfinite(ref):
+        raise ValueError("bad")
+    b = budget / 100 if budget >= 1 else budget
+    fits = [r for r in rows if r["perplexity"] <= ref * (1 + b)]
+    if not fits:
+        raise ValueError("none")
+    return min(fits, key=lambda r: (r["bytes"], r["perplexity"]))["file"]
+
+
+def _choose_best_quality(rows, ref, budget):
+    engine.choose_file(rows, ref, budget)
+    fits = [r for r in rows if r["perplexity"] <= ref * (1 + budget)]
+    return min(fits, key=lambda r: r["perplexity"])["file"]
+
+
+register(Exercise(
+    id="13.choose_file",
+    title="the file to ship under a perplexity budget",
+    reference=engine.choose_file,
+    cases=_choose_cases,
+    hint=["Which files are allowed at all, given the reference and the budget? Among those, "
+          "what makes one better to ship on a machine whose decode speed is set by bytes?",
+          "Keep the rows with perplexity <= ref_perplexity * (1 + budget); return the 'file' of "
+          "the one with the fewest bytes, the lower perplexity breaking a tie. Refuse a budget "
+          "outside 0 <= budget < 1, a reference that is not a finite number >= 1, and the case "
+          "where nothing fits, with ValueError.",
+          "`min(fits, key=lambda r: (r['bytes'], r['perplexity']))['file']`"],
+    wrong=[_choose_strict, _choose_first_on_tie, _choose_absolute, _choose_percent,
+           _choose_best_quality],
+))
