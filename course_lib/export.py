@@ -152,6 +152,13 @@ def export_compressed(model: nn.Module, folder: str | Path, dtype: torch.dtype =
         raise FileNotFoundError(f"tokenizer_json {tokenizer_json} is not a file; pass the path "
                                 f"of a tokenizer.json, or None for the byte-level one")
     layers = _quantized_layers(model)
+    on_float_minimum = [n for n, m in layers.items() if getattr(m, "offset", None) is not None
+                        or (not m.symmetric and m.zero is None)]
+    if on_float_minimum:
+        raise ValueError(f"Linears {on_float_minimum[:4]} are on llama.cpp's Q4_1 grid (a float "
+                         f"minimum per block), which compressed-tensors' integer zero points "
+                         f"cannot hold: write them as GGUF (export_gguf with 'Q4_1'), or quantize "
+                         f"with grid='course' and symmetric=False for this format")
     kinds = {(m.bits, m.group_size, m.symmetric) for m in layers.values()}
     if len(kinds) != 1:
         raise ValueError(f"every quantized Linear must share one format for a single config "

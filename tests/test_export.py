@@ -97,6 +97,9 @@ def test_export_refuses_what_the_format_cannot_hold(model, tmp_path):
         export.export_compressed(cal.rtn_model(model, 4, 32), tmp_path / "d")
     with pytest.raises(ValueError, match="0..15"):
         export.pack_int32(torch.tensor([[16, 0]]), 4)
+    with pytest.raises(ValueError, match="Q4_1 grid.*export_gguf"):     # a float minimum per block
+        export.export_compressed(cal.rtn_model(model, 4, 32, grid="q4_1"), tmp_path / "e")
+    assert not (tmp_path / "e").exists()
 
 
 def test_export_helpers_refuse_bad_arguments(tmp_path):
