@@ -167,10 +167,10 @@ def test_another_architecture_is_refused(tmp_path):
 
 
 def test_an_unsupported_tensor_type_is_refused(tmp_path):
-    path = tmp_path / "q4_0.gguf"
-    _write_llama_gguf(path, qtype=Q.Q4_0)
+    path = tmp_path / "q5_0.gguf"           # Q4_0 loads since lesson 13; Q5_0 does not
+    _write_llama_gguf(path, qtype=Q.Q5_0)
     reader = gguf_model.open_gguf(path)
-    with pytest.raises(ValueError, match="stored as Q4_0; this loader supports"):
+    with pytest.raises(ValueError, match="stored as Q5_0; this loader supports"):
         gguf_model.read_tensors(reader, gguf_model.config_from_gguf(reader))
 
 
