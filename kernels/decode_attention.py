@@ -3,8 +3,9 @@
 What you will learn
 -------------------
 * Why decode attention is a memory-bound read of the cache: each step, every sequence's
-  query meets *all* its cached keys and values once (2 FLOPs per byte at BF16, far below any
-  GPU's compute roof), so a cache stored in 8 bits should read about twice as fast.
+  query heads meet *all* its cached keys and values once (REP FLOPs per byte at BF16, REP the
+  query heads sharing a KV head: 4 for Llama 3.1 8B, 8 for 70B; lesson 11; far below any GPU's
+  compute roof), so a cache stored in 8 bits should read about twice as fast.
 * How to dequantize in registers: the kernel loads FP8 or INT8 codes (1 byte per value) and
   multiplies by the scale after the load, never writing a 16-bit copy of the cache to memory.
 * Online softmax: a running maximum ``m``, a running sum ``l`` and a rescaled accumulator
