@@ -52,10 +52,11 @@ notebook-times: setup
 	$(PY) -m course_lib.authoring.workshop doc
 
 # llama.cpp for lesson 13 (optional): llama-cpp-python built from source with the flags that run
-# everywhere (native off). The built wheel is kept in ENGINE_WHEELS, so a second build (a new
+# everywhere (native off), without the multimodal library (LLAVA_BUILD off: mtmd, for images,
+# which the course never loads). The built wheel is kept in ENGINE_WHEELS, so a second build (a new
 # venv, CI on the same machine) installs it in seconds; without it the build takes 4-7 minutes.
-ENGINE_CMAKE_ARGS := -DGGML_NATIVE=OFF
-ENGINE_WHEELS ?= $(HOME)/.cache/quant-course/llama-cpp-python-0.3.36-native-off
+ENGINE_CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
+ENGINE_WHEELS ?= $(HOME)/.cache/quant-course/llama-cpp-python-0.3.36-native-off-text
 ENGINE_STAMP := $(VENV)/.engine
 
 engine: $(ENGINE_STAMP)

@@ -17,6 +17,8 @@ function here says so in one line when it is missing. What lesson 13 does with i
 The build flag matters: llama.cpp's default native build (``GGML_NATIVE=ON``) detected
 AVX-512/AMX on the course's test machine and crashed at the first evaluation; the portable
 build (``-DGGML_NATIVE=OFF``: AVX2 and FMA, no AVX-512) runs everywhere x86-64 does.
+``-DLLAVA_BUILD=OFF`` skips llama-cpp-python's multimodal library (mtmd, for images), which
+the course never loads: a shorter build.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ import torch
 
 #: The engine version the course pins, and the build flags that work everywhere.
 VERSION = "0.3.36"
-CMAKE_ARGS = "-DGGML_NATIVE=OFF"
+CMAKE_ARGS = "-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
 INSTALL = f'CMAKE_ARGS="{CMAKE_ARGS}" pip install llama-cpp-python=={VERSION}'
 MAKE = "make engine"
 #: llama.cpp's file types (``LLAMA_FTYPE_MOSTLY_*``) for the formats lesson 13 uses.

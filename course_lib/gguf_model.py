@@ -1,8 +1,9 @@
 """Read a Llama-family GGUF file (llama.cpp's format) into the course's own model (lesson 04).
 
 A GGUF file is one binary holding a model's metadata (architecture, widths, tokenizer) and its
-tensors, most of them already quantized in llama.cpp's block formats. This module reads it with
-the ``gguf`` package (the reader of the llama.cpp project) and turns it into
+tensors, most of them already quantized in llama.cpp's block formats. This module reads its header
+with ``struct`` (:class:`GGUFFile`; the ``gguf`` package of the llama.cpp project supplies the
+tables of tensor types and block sizes), maps the tensors' bytes, and turns them into
 :class:`~course_lib.model.LlamaModel`'s names and layout. Two block formats matter here:
 
 - **Q4_1** (SmolLM2's Linear weights): blocks of 32 weights along the input dimension, each with
@@ -196,9 +197,10 @@ def _blocks(w: torch.Tensor, kind: str) -> torch.Tensor:
     return w.detach().float().reshape(out, cols // BLOCK, BLOCK)         # (out, nb, 32)
 
 
-def _reciprocal(d: torch.Tensor) -> torch.Tensor:
-    """llama.cpp's ``id = d ? 1.0f/d : 0.0f`` in fp32."""
-    return torch.where(d == 0, torch.zeros_like(d), 1.0 / torch.where(d == 0, torch.ones_like(d), d))
+def reciprocal_or_zero(d: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's ``id = d ? 1.0f/d : 0.0f`` in fp32 (an all-zero block gets codes 0)."""
+    d = d.float()
+    return torch.where(d != 0, 1.0 / d, 0.0)
 
 
 def quantize_q4_0(w: torch.Tensor) -> BlockQuantized:
@@ -214,7 +216,7 @@ def quantize_q4_0(w: torch.Tensor) -> BlockQuantized:
     idx = b.abs().argmax(-1, keepdim=True)                               # first largest |w|
     mx = b.gather(-1, idx)                                               # (out, nb, 1), signed
     d = mx / -8.0
-    q = torch.trunc(b * _reciprocal(d) + 8.5).clamp(max=15)              # (out, nb, 32) 0..15
+    q = torch.trunc(b * reciprocal_or_zero(d) + 8.5).clamp(max=15)              # (out, nb, 32) 0..15
     codes = (q.to(torch.int16) - 8).to(torch.int8)
     return BlockQuantized("q4_0", codes.reshape(out, nb * BLOCK), d[..., 0].half(), None)
 
@@ -228,7 +230,7 @@ def quantize_q8_0(w: torch.Tensor) -> BlockQuantized:
     b = _blocks(w, "q8_0")                                               # (out, nb, 32)
     out, nb, _ = b.shape
     d = b.abs().amax(-1, keepdim=True) / 127.0                           # (out, nb, 1) fp32
-    x = (b * _reciprocal(d)).double()                                    # exact copy of fp32
+    x = (b * reciprocal_or_zero(d)).double()                                    # exact copy of fp32
     q = torch.trunc(x + 0.5 * torch.sign(x))                             # roundf
     return BlockQuantized("q8_0", q.to(torch.int8).reshape(out, nb * BLOCK), d[..., 0].half(),
                           None)
@@ -294,10 +296,11 @@ def unpermute_rope_rows(n_rows: int, n_heads: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- the file
-def open_gguf(path: str | Path):
-    """A ``gguf.GGUFReader`` for ``path``, with clear errors for the usual problems."""
+def open_gguf(path: str | Path) -> "GGUFFile":
+    """A GGUF file's metadata and tensors (:class:`GGUFFile`), with clear errors for the usual
+    problems. Shaped like ``gguf.GGUFReader`` (``.fields[key].contents()``, ``.tensors``)."""
     try:
-        import gguf
+        import gguf  # noqa: F401 (tensor types and block sizes)
     except ImportError:
         raise ImportError("reading GGUF files needs the 'gguf' package: pip install gguf==0.19.0 "
                           "(make setup installs it)") from None
@@ -308,10 +311,57 @@ def open_gguf(path: str | Path):
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file {str(path)!r} does not exist")
     try:
-        return gguf.GGUFReader(str(path))
-    except Exception as e:  # the reader raises ValueError/IndexError/... on damaged files
+        return GGUFFile(path)
+    except Exception as e:  # struct/numpy/unicode errors on damaged files
         raise ValueError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); it may "
                          f"be truncated or corrupt: reinstall it") from None
+
+
+@dataclass
+class _Field:
+    """One metadata entry, as ``gguf.ReaderField.contents()`` gives it."""
+    value: object
+
+    def contents(self):
+        return self.value
+
+
+class GGUFFile:
+    """A GGUF file read straight from its header with ``struct`` (lesson 04): ``fields``
+    (metadata key -> entry with ``.contents()``) and ``tensors`` (``gguf.ReaderTensor``: name,
+    tensor_type, shape (GGUF order: in, out), n_elements, n_bytes, data_offset, data: a numpy
+    view of the file, mapped, not read). ``gguf.GGUFReader`` gives the same values but builds a
+    numpy view per token of the vocabulary, which takes seconds for SmolLM2's 49152 tokens."""
+
+    def __init__(self, path: str | Path):
+        import gguf
+        self.path = Path(path)
+        stat = self.path.stat()
+        meta, infos, data_start = _read_header(str(self.path.resolve()), stat.st_mtime_ns,
+                                               stat.st_size)
+        self.fields = {key: _Field(value) for key, _, value, _ in meta}
+        mm = np.memmap(self.path, np.uint8, mode="r")
+        self.tensors = []
+        for name, dims, raw_type, offset in infos:
+            kind = gguf.GGMLQuantizationType(raw_type)
+            n = int(np.prod(dims))
+            block, type_size = gguf.GGML_QUANT_SIZES[kind]
+            n_bytes = n * type_size // block
+            start = data_start + offset
+            if start + n_bytes > stat.st_size:
+                raise ValueError(f"tensor {name} ends past the end of the file")
+            np_dims = tuple(reversed(dims))
+            item = _ITEM_TYPES.get(kind.name)
+            if item is None:                     # block formats: rows of bytes
+                item, np_dims = np.uint8, gguf.quant_shape_to_byte_shape(np_dims, kind)
+            data = mm[start:start + n_bytes].view(item).reshape(np_dims)
+            self.tensors.append(gguf.ReaderTensor(
+                name=name, tensor_type=kind, shape=np.array(dims, dtype=np.uint64),
+                n_elements=n, n_bytes=n_bytes, data_offset=start, data=data, field=None))
+
+
+_ITEM_TYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8,
+               "I16": np.int16, "I32": np.int32, "I64": np.int64}
 
 
 #: GGUF metadata value types (gguf.GGUFValueType): struct format of the fixed-size ones.
@@ -332,11 +382,12 @@ def read_metadata(path: str | Path) -> list[tuple[str, int, object, int | None]]
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file {str(path)!r} does not exist")
     stat = path.stat()
-    return list(_read_metadata(str(path.resolve()), stat.st_mtime_ns, stat.st_size))
+    return list(_read_header(str(path.resolve()), stat.st_mtime_ns, stat.st_size)[0])
 
 
-@functools.lru_cache(maxsize=4)
-def _read_metadata(path: str, mtime_ns: int, size: int) -> tuple:
+@functools.lru_cache(maxsize=8)
+def _read_header(path: str, mtime_ns: int, size: int) -> tuple:
+    """(metadata entries, tensor infos (name, dims, type, offset), where the data starts)."""
     import struct
     with open(path, "rb") as f:
         head = f.read(24)
@@ -385,9 +436,21 @@ def _read_metadata(path: str, mtime_ns: int, size: int) -> tuple:
             else:
                 items = [value(sub) for _ in range(n)]
             out.append((key, vtype, items, sub))
+        infos, names = [], set()
+        for _ in range(n_tensors):
+            name = string()
+            n_dims = take("<I")
+            dims = tuple(take("<Q") for _ in range(n_dims))                  # GGUF order
+            infos.append((name, dims, take("<I"), take("<Q")))
+            if name in names:
+                raise ValueError(f"tensor {name} appears twice")
+            names.add(name)
     except (struct.error, ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: damaged GGUF metadata ({e}); reinstall the file") from None
-    return tuple(out)
+        raise ValueError(f"{path}: damaged GGUF header ({e}); reinstall the file") from None
+    align = next((v for k, _, v, _ in out if k == "general.alignment"), 32)
+    data_start = 24 + pos
+    data_start += -data_start % align                                   # padded to alignment
+    return tuple(out), tuple(infos), data_start
 
 
 def _field(reader, key: str, default=None):

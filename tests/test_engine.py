@@ -99,15 +99,19 @@ def test_engine_generates_paris_from_the_f16_file(files):
 
 
 def test_gptq_on_the_q4_0_grid_beats_rtn_through_the_engine(model16, files, tmp_path):
+    """GPTQ on the first 8 of 30 blocks, the writer's RTN on the rest (a file mixing both, as
+    llama.cpp reads it) against RTN everywhere: GPTQ's codes alone lower the KL. Lesson 13's
+    notebook checks the whole model through the engine."""
     from course_lib.methods import calibration as cal
     from course_lib.methods import gptq
     ids = cal.calibration_ids("smollm2", 4, 256)
-    qg, _ = gptq.gptq_model(model16, ids, 4, 32, grid="q4_0", act_order=True)
+    qg, _ = gptq.gptq_model(model16, ids, 4, 32, grid="q4_0", act_order=True, n_blocks=8)
     path = export.export_gguf(qg, tmp_path / "gptq.gguf", "q4_0")
     ref = smollm.reference(model16, 1)
     rtn = engine.score(files["q4_0"], smollm.eval_ids(), 512, 1, ref)
     g = engine.score(path, smollm.eval_ids(), 512, 1, ref)
-    assert g["kl_nats"] < rtn["kl_nats"], (g, rtn)
+    print(f"KL RTN {rtn['kl_nats']:.4f}, GPTQ on 8 blocks {g['kl_nats']:.4f}")
+    assert g["kl_nats"] < 0.95 * rtn["kl_nats"], (g, rtn)
 
 
 def test_speed_and_prediction_helpers(files):

@@ -31,6 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from course_lib import quant
+from course_lib.gguf_model import reciprocal_or_zero
 
 #: What each block is calibrated on (see :func:`quantize_blockwise`).
 INPUTS = ("quantized", "fp")
@@ -258,9 +259,8 @@ class Q4_0Grid(Grid):
         return scale.float().to(torch.float16), None
 
     def quantize(self, w, scale, second, bits=4):
-        d = scale.float()
-        inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))               # fp32, as in C
-        return (torch.clamp(torch.floor(w.float() * inv + 8.5), 0, 15) - 8).to(torch.int8)
+        inv = reciprocal_or_zero(scale)                                                 # fp32, as in C
+        return (w.float() * inv).add_(8.5).floor_().clamp_(0, 15).sub_(8).to(torch.int8)
 
 
 class Q4_1Grid(Grid):
@@ -282,10 +282,8 @@ class Q4_1Grid(Grid):
         return scale.float().to(torch.float16), second.float().to(torch.float16)
 
     def quantize(self, w, scale, second, bits=4):
-        d = scale.float()
-        inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
-        x = (w.float() - second.float()) * inv
-        return torch.clamp(torch.floor(x + 0.5), 0, 15).to(torch.uint8)
+        x = (w.float() - second.float()).mul_(reciprocal_or_zero(scale))
+        return x.add_(0.5).floor_().clamp_(0, 15).to(torch.uint8)
 
     def dequantize(self, q, scale, second):
         return q.float() * scale.float() + second.float()

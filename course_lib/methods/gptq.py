@@ -218,14 +218,16 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4, group_size: i
     second = None if st_dtype[1] is None else \
         torch.zeros(out_f, G, dtype=torch.int32 if gr.name == "course" else st_dtype[1].dtype,
                     device=dev)
-    exact = [None] * G                        # the fp32 parameters llama.cpp's codes use
+    groups = [None] * G     # per group: stored scale and second, and those the codes use
 
     def set_group(g, s, z):
         st_s, st_z = gr.store(s, z, scale_dtype)
         scale[:, g] = st_s
         if second is not None:
             second[:, g] = st_z
-        exact[g] = (s, z)
+        st_s = scale[:, g].to(W.dtype) if gr.codes_from_stored else scale[:, g].clone()
+        st_z = None if second is None else second[:, g].clone()
+        groups[g] = (st_s, st_z) + ((st_s, st_z) if gr.codes_from_stored else (s, z))
 
     if static is not None:
         for g, (s, z) in enumerate(static):
@@ -234,24 +236,23 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int = 4, group_size: i
     block_size = -(-max(block_size, 1) // group_size) * group_size if static is None else block_size
     for b0 in range(0, in_f, block_size):
         b1 = min(b0 + block_size, in_f)
-        W1 = W[:, b0:b1].clone()                                             # (out, nb)
-        E1 = torch.zeros_like(W1)                                            # scaled errors
+        # the block transposed: column i is the contiguous row W1[i] (memory order, for speed)
+        W1 = W[:, b0:b1].T.clone(memory_format=torch.contiguous_format)      # (nb, out)
+        E1 = torch.zeros(out_f, b1 - b0, dtype=W.dtype, device=dev)         # scaled errors
         U1 = U[b0:b1, b0:b1]                                                 # (nb, nb)
         for i in range(b1 - b0):
             j = b0 + i                        # position in the (possibly permuted) order
             col = order[j]                    # the column's original index
             g = col // group_size
             if static is None and _group_start(j, group_size):
-                set_group(g, *gr.params(W1[:, i:i + group_size], bits, sym))
-            st_s = scale[:, g].to(W.dtype) if gr.codes_from_stored else scale[:, g]
-            st_z = None if second is None else second[:, g]
-            qs, qz = (st_s, st_z) if gr.codes_from_stored else exact[g]
-            q_codes = gr.quantize(W1[:, i], qs, qz, bits)                    # (out,)
+                set_group(g, *gr.params(W1[i:i + group_size].T, bits, sym))
+            st_s, st_z, qs, qz = groups[g]
+            w = W1[i]                                                        # (out,)
+            q_codes = gr.quantize(w, qs, qz, bits)                           # (out,)
             codes[:, col] = q_codes
-            q = gr.dequantize(q_codes, st_s, st_z).to(W.dtype)               # (out,)
-            err = (W1[:, i] - q) / U1[i, i]                                  # (out,)
-            W1[:, i + 1:] -= err[:, None] * U1[i, i + 1:][None, :]          # inside the block
-            E1[:, i] = err
+            err = (w - gr.dequantize(q_codes, st_s, st_z).to(W.dtype)) / U1[i, i]  # (out,)
+            W1[i + 1:] -= torch.outer(U1[i, i + 1:], err)   # every later column k in the
+            E1[:, i] = err                                  # block: w_k -= U[i, k] * err
         W[:, b1:] -= E1 @ U[b0:b1, b1:]                                      # the lazy update
     return codes, scale, second
 
@@ -262,12 +263,37 @@ def gptq_linear(linear: nn.Linear, H: torch.Tensor, bits: int = 4, group_size: i
                 act_order: bool = False, scale_dtype: torch.dtype | None = None,
                 cache: dict | None = None, grid="course") -> GroupQuantLinear:
     """GPTQ of one nn.Linear given its inputs' Hessian, as a :class:`GroupQuantLinear`."""
+    return gptq_linears([linear], H, bits, group_size, symmetric, damp, block_size, act_order,
+                        scale_dtype, cache, grid)[0]
+
+
+def gptq_linears(linears: list[nn.Linear], H: torch.Tensor, bits: int = 4,
+                 group_size: int = 128, symmetric: bool | None = None, damp: float = 0.01,
+                 block_size: int = 128, act_order: bool = False,
+                 scale_dtype: torch.dtype | None = None, cache: dict | None = None,
+                 grid="course") -> list[GroupQuantLinear]:
+    """GPTQ of several nn.Linear fed the same input (so sharing H: q/k/v, gate/up) in one loop
+    over the columns (lesson 06). GPTQ treats every row on its own (the update of row r uses
+    only row r and U), so the weights stacked row-wise give each Linear the codes it would get
+    alone, and the Python loop over columns runs once instead of once per Linear."""
     gr = cal.get_grid(grid)
-    codes, scale, second = gptq_quantize(linear.weight.detach().float(), H, bits, group_size,
-                                         symmetric, damp, block_size, act_order, scale_dtype,
-                                         cache, gr)
-    return gr.linear(codes, scale, second, bits, group_size, linear.bias, linear.weight.dtype,
-                     "gptq" + ("+act" if act_order else ""))
+    rows = [lin.out_features for lin in linears]
+    W = torch.cat([lin.weight.detach().float() for lin in linears])       # (sum out, in)
+    codes, scale, second = gptq_quantize(W, H, bits, group_size, symmetric, damp, block_size,
+                                         act_order, scale_dtype, cache, gr)
+    split = (lambda t: [None] * len(rows) if t is None else t.split(rows))  # back per Linear
+    return [gr.linear(c.contiguous(), s.contiguous(), None if z is None else z.contiguous(),
+                      bits, group_size, lin.bias, lin.weight.dtype,
+                      "gptq" + ("+act" if act_order else ""))
+            for lin, c, s, z in zip(linears, split(codes), split(scale), split(second))]
+
+
+def same_input(Hs: dict[str, torch.Tensor]) -> list[list[str]]:
+    """Names of Linears grouped by shared Hessian (the same tensor: the same input), in order."""
+    groups: dict[int, list[str]] = {}
+    for name, H in Hs.items():
+        groups.setdefault(id(H), []).append(name)
+    return list(groups.values())
 
 
 @torch.no_grad()
@@ -322,14 +348,16 @@ def gptq_model(model: nn.Module, ids: torch.Tensor, bits: int = 4, group_size: i
 
     def quantize_block(block, x, cos, sin):
         Hs = block_hessians(block, x, cos, sin, batch_size)
-        cache: dict = {}                     # q/k/v (and gate/up) share H and its factor
-        for name, lin in cal.linears(block).items():
-            if quantize_linear is not None:
-                new = quantize_linear(lin, Hs[name])
-            else:
-                new = gptq_linear(lin, Hs[name], bits, group_size, sym, damp, block_size,
-                                  act_order, scale_dtype, cache, grid)
-            cal.replace(block, name, new)
+        lins = cal.linears(block)
+        if quantize_linear is not None:                  # the learner's step, Linear by Linear
+            for name, lin in lins.items():
+                cal.replace(block, name, quantize_linear(lin, Hs[name]))
+            return
+        for names in same_input(Hs):                     # q/k/v, o, gate/up, down
+            new = gptq_linears([lins[n] for n in names], Hs[names[0]], bits, group_size, sym,
+                               damp, block_size, act_order, scale_dtype, None, grid)
+            for name, module in zip(names, new):
+                cal.replace(block, name, module)
 
     return cal.quantize_blockwise(model, ids, quantize_block, batch_size, progress=progress,
                                   desc="GPTQ" + (" act-order" if act_order else ""),
