@@ -54,7 +54,7 @@ notebook-times: setup
 # llama.cpp for lesson 13 (optional): llama-cpp-python built from source with the flags that run
 # everywhere (native off), without the multimodal library (LLAVA_BUILD off: mtmd, for images,
 # which the course never loads). The built wheel is kept in ENGINE_WHEELS, so a second build (a new
-# venv, CI on the same machine) installs it in seconds; without it the build takes 4-7 minutes.
+# venv, CI on the same machine) installs it in seconds; without it the build takes about 5 minutes (300 s on 2 idle cores, measured).
 ENGINE_CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF
 ENGINE_WHEELS ?= $(HOME)/.cache/quant-course/llama-cpp-python-0.3.36-native-off-text
 ENGINE_STAMP := $(VENV)/.engine
@@ -64,7 +64,7 @@ engine: $(ENGINE_STAMP)
 $(ENGINE_STAMP): requirements-engine.txt $(STAMP)
 	@start=$$(date +%s); \
 	if ! ls $(ENGINE_WHEELS)/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1; then \
-	  echo "building llama.cpp (llama-cpp-python 0.3.36) from source: 4-7 minutes on 2 cores, once"; \
+	  echo "building llama.cpp (llama-cpp-python 0.3.36) from source: about 5 minutes on 2 cores, once"; \
 	  CMAKE_ARGS="$(ENGINE_CMAKE_ARGS)" $(PY) -m pip wheel --no-deps --no-cache-dir \
 	    -w $(ENGINE_WHEELS) llama-cpp-python==0.3.36 || exit 1; \
 	fi; \

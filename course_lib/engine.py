@@ -1,7 +1,7 @@
 """llama.cpp, the engine that runs quantized models on laptops, driven from the course (lesson 13).
 
 llama.cpp is C/C++; ``llama-cpp-python`` builds it from source and wraps it for Python. It is
-optional for the course (``make engine`` builds it once, 4-7 minutes on 2 cores) and every
+optional for the course (``make engine`` builds it once, about 5 minutes on 2 cores) and every
 function here says so in one line when it is missing. What lesson 13 does with it:
 
 - :func:`logits` and :func:`score`: the engine's logits on token ids, and perplexity / KL /
@@ -54,7 +54,7 @@ def available() -> bool:
 def skip_reason() -> str:
     """The one line a lesson prints when the engine is absent."""
     return (f"llama.cpp (llama-cpp-python) is not installed: the engine cells skip. Build it "
-            f"once with `{MAKE}` (4-7 minutes) and run this notebook again.")
+            f"once with `{MAKE}` (about 5 minutes) and run this notebook again.")
 
 
 def require(feature: str | None = None):
@@ -64,7 +64,7 @@ def require(feature: str | None = None):
         import llama_cpp
     except ImportError:
         raise ImportError(f"llama.cpp's Python binding is not installed; build it with "
-                          f"`{MAKE}` (or `{INSTALL}`), 4-7 minutes once") from None
+                          f"`{MAKE}` (or `{INSTALL}`), about 5 minutes once") from None
     except OSError as e:
         raise ImportError(f"llama_cpp is installed but its library does not load ({e}); "
                           f"rebuild it with `{MAKE}`") from None
