@@ -247,6 +247,30 @@ def workspace(M: int, N: int, tiles: int, device) -> tuple[torch.Tensor, torch.T
 
 
 @triton.jit
+def token_scales(x_ptr, M, K, stride_xm, QMAX: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """Per-token scales of x (M, K), M <= BLOCK_M: max|x_row| / QMAX, 1 for an all-zero row,
+    NaN for a row holding a NaN (so its output row is NaN, never a finite wrong number). The
+    prologue of the fused W8A8 kernels (QMAX 127 for INT8, 448 for FP8; lessons 08-09): x is a
+    few KB, read from L2 by every program. Returns (BLOCK_M,) fp32."""
+    offs_m = tl.arange(0, BLOCK_M)                           # (BLOCK_M,) every token
+    m_mask = offs_m < M
+    amax = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)   # max |x| per token
+    probe = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)  # NaN once any x is NaN
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+        probe += x
+    row_max = tl.max(amax, axis=1)                           # (BLOCK_M,)
+    # div_rn: IEEE division, as torch's (a plain / may compile to an approximate one)
+    scale = tl.where(row_max > 0, tl.math.div_rn(row_max, QMAX), 1.0)
+    nan_sum = tl.sum(probe, axis=1)
+    return tl.where(nan_sum == nan_sum, scale, nan_sum)     # (BLOCK_M,) NaN rows stay NaN
+
+
+@triton.jit
 def store_or_reduce(acc, y_ptr, ws_ptr, cnt_ptr, offs_m, offs_n, M, N, stride_ym,
                     SPLIT_K: tl.constexpr):
     """Write a (BLOCK_M, BLOCK_N) fp32 tile into y once, in y's dtype (lessons 09-10).

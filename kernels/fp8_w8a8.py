@@ -34,7 +34,7 @@ import triton.language as tl
 from kernels import INTERPRET
 from kernels._common import (CompileJob, capability, check_activations, check_device,
                              check_row_scaled_weights, choose, config_jobs, on_gpu,
-                             pow2_at_least)
+                             pow2_at_least, token_scales)
 
 FP8_MAX = 448.0                 # largest finite E4M3 value
 FP8_MIN_CC = (8, 9)             # Ada; Hopper is 9.0, Blackwell 10.x and 12.x
@@ -169,18 +169,7 @@ def fp8_fused_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # (BLOCK_N,)
     m_mask = offs_m < M
     n_mask = offs_n < N
-    amax = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)   # prologue: max |x| per token
-    probe = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)  # NaN once any x is NaN
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                    mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(x))
-        probe += x
-    row_max = tl.max(amax, axis=1)                           # (BLOCK_M,)
-    scale = tl.where(row_max > 0, tl.div_rn(row_max, 448.0), 1.0)
-    nan_sum = tl.sum(probe, axis=1)
-    scale = tl.where(nan_sum == nan_sum, scale, nan_sum)    # (BLOCK_M,) NaN rows stay NaN
+    scale = token_scales(x_ptr, M, K, stride_xm, 448.0, BLOCK_M, BLOCK_K)   # prologue
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)   # (BLOCK_M, BLOCK_N)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
