@@ -93,58 +93,59 @@ class BlockQuantized:
         return pack_blocks(self)
 
 
+def _raw_blocks(raw: np.ndarray, cols: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """Raw bytes (rows, cols/32 * block bytes) of a llama.cpp block format, checked, as blocks
+    (rows, nb, block bytes), and each block's fp16 scale d from its first two bytes (rows, nb)."""
+    rows, nb, size = raw.shape[0], cols // BLOCK, BLOCK_BYTES[kind]
+    if cols % BLOCK or raw.shape[1] != nb * size:
+        raise ValueError(f"a {kind.upper()} tensor of {cols} columns needs {nb * size} bytes per "
+                         f"row (blocks of 32); got {raw.shape[1]}: the file may be corrupt")
+    blocks = raw.reshape(rows, nb, size)                                 # (rows, nb, bytes)
+    return blocks, _fp16_at(blocks, 0)
+
+
+def _fp16_at(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The fp16 stored at byte ``at`` of every block: (rows, nb)."""
+    return blocks[..., at:at + 2].copy().view(np.float16)[..., 0]
+
+
+def _unnibble(qs: np.ndarray) -> np.ndarray:
+    """16 bytes per block -> 32 codes 0..15: the low nibbles are weights 0..15, the high
+    nibbles weights 16..31. (rows, nb, 16) uint8 -> (rows, nb, 32)."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _result(kind, codes, d, m=None) -> BlockQuantized:
+    rows, nb = d.shape
+    """The codes (rows, nb, 32), scales and minimums (rows, nb) as a BlockQuantized."""
+    return BlockQuantized(kind, torch.from_numpy(codes.reshape(rows, nb * BLOCK).copy()),
+                          torch.from_numpy(d.copy()),
+                          None if m is None else torch.from_numpy(m.copy()))
+
+
 def unpack_q4_1(raw: np.ndarray, cols: int) -> BlockQuantized:
     """Raw Q4_1 bytes (rows, cols/32 * 20) -> codes uint8 (rows, cols), fp16 scale and minimum.
 
-    In each 20-byte block: bytes 0-1 the scale, 2-3 the minimum, then 16 bytes whose low
-    nibbles are weights 0..15 of the block and whose high nibbles are weights 16..31.
+    In each 20-byte block: bytes 0-1 the scale, 2-3 the minimum, then 16 bytes of nibbles.
     """
-    rows = raw.shape[0]
-    nb = cols // BLOCK
-    if cols % BLOCK or raw.shape[1] != nb * Q4_1_BYTES:
-        raise ValueError(f"a Q4_1 tensor of {cols} columns needs {nb * Q4_1_BYTES} bytes per row "
-                         f"(blocks of 32); got {raw.shape[1]}: the file may be corrupt")
-    blocks = raw.reshape(rows, nb, Q4_1_BYTES)                           # (rows, nb, 20)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]                 # (rows, nb)
-    m = blocks[..., 2:4].copy().view(np.float16)[..., 0]                 # (rows, nb)
-    qs = blocks[..., 4:]                                                 # (rows, nb, 16)
-    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)                # (rows, nb, 32)
-    return BlockQuantized("q4_1", torch.from_numpy(codes.reshape(rows, cols).copy()),
-                          torch.from_numpy(d.copy()), torch.from_numpy(m.copy()))
+    blocks, d = _raw_blocks(raw, cols, "q4_1")                               # (rows, nb, 20)
+    return _result("q4_1", _unnibble(blocks[..., 4:]), d, _fp16_at(blocks, 2))
 
 
 def unpack_q4_0(raw: np.ndarray, cols: int) -> BlockQuantized:
     """Raw Q4_0 bytes (rows, cols/32 * 18) -> codes int8 in -8..7 (rows, cols) and fp16 scale.
 
-    In each 18-byte block: bytes 0-1 the scale d, then 16 bytes whose low nibbles are weights
-    0..15 and whose high nibbles are weights 16..31, each stored as q + 8; ``w = d * q``.
+    In each 18-byte block: bytes 0-1 the scale d, then 16 bytes of nibbles, each weight stored
+    as q + 8; ``w = d * q``.
     """
-    rows = raw.shape[0]
-    nb = cols // BLOCK
-    if cols % BLOCK or raw.shape[1] != nb * Q4_0_BYTES:
-        raise ValueError(f"a Q4_0 tensor of {cols} columns needs {nb * Q4_0_BYTES} bytes per row "
-                         f"(blocks of 32); got {raw.shape[1]}: the file may be corrupt")
-    blocks = raw.reshape(rows, nb, Q4_0_BYTES)                           # (rows, nb, 18)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]                 # (rows, nb)
-    qs = blocks[..., 2:]                                                 # (rows, nb, 16)
-    u = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)                    # (rows, nb, 32)
-    codes = u.astype(np.int8) - np.int8(8)
-    return BlockQuantized("q4_0", torch.from_numpy(codes.reshape(rows, cols).copy()),
-                          torch.from_numpy(d.copy()), None)
+    blocks, d = _raw_blocks(raw, cols, "q4_0")                               # (rows, nb, 18)
+    return _result("q4_0", _unnibble(blocks[..., 2:]).astype(np.int8) - np.int8(8), d)
 
 
 def unpack_q8_0(raw: np.ndarray, cols: int) -> BlockQuantized:
     """Raw Q8_0 bytes (rows, cols/32 * 34) -> codes int8 (rows, cols) and fp16 scale."""
-    rows = raw.shape[0]
-    nb = cols // BLOCK
-    if cols % BLOCK or raw.shape[1] != nb * Q8_0_BYTES:
-        raise ValueError(f"a Q8_0 tensor of {cols} columns needs {nb * Q8_0_BYTES} bytes per row "
-                         f"(blocks of 32); got {raw.shape[1]}: the file may be corrupt")
-    blocks = raw.reshape(rows, nb, Q8_0_BYTES)                           # (rows, nb, 34)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]                 # (rows, nb)
-    codes = blocks[..., 2:].copy().view(np.int8)                         # (rows, nb, 32)
-    return BlockQuantized("q8_0", torch.from_numpy(codes.reshape(rows, cols).copy()),
-                          torch.from_numpy(d.copy()), None)
+    blocks, d = _raw_blocks(raw, cols, "q8_0")                               # (rows, nb, 34)
+    return _result("q8_0", blocks[..., 2:].copy().view(np.int8), d)
 
 
 def dequantize_q4_1_blocks(raw: torch.Tensor) -> torch.Tensor:
