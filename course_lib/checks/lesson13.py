@@ -207,12 +207,16 @@ def _choose_cases():
     ]
 
 
-def _choose_strict(rows, ref, budget):
-    engine.choose_file(rows, ref, budget)
-    fits = [r for r in rows if r["perplexity"] < ref * (1 + budget)]
+def _smallest(fits):
+    """The smallest of the files that fit, the better perplexity on a tie; none: ValueError."""
     if not fits:
         raise ValueError("none")
     return min(fits, key=lambda r: (r["bytes"], r["perplexity"]))["file"]
+
+
+def _choose_strict(rows, ref, budget):
+    engine.choose_file(rows, ref, budget)
+    return _smallest([r for r in rows if r["perplexity"] < ref * (1 + budget)])
 
 
 def _choose_first_on_tie(rows, ref, budget):
@@ -223,20 +227,14 @@ def _choose_first_on_tie(rows, ref, budget):
 
 def _choose_absolute(rows, ref, budget):
     engine.choose_file(rows, ref, budget)
-    fits = [r for r in rows if r["perplexity"] - ref <= budget]
-    if not fits:
-        raise ValueError("none")
-    return min(fits, key=lambda r: (r["bytes"], r["perplexity"]))["file"]
+    return _smallest([r for r in rows if r["perplexity"] - ref <= budget])
 
 
 def _choose_percent(rows, ref, budget):
     if not 0 <= budget < 100 or not math.isfinite(ref):
         raise ValueError("bad")
     b = budget / 100 if budget >= 1 else budget
-    fits = [r for r in rows if r["perplexity"] <= ref * (1 + b)]
-    if not fits:
-        raise ValueError("none")
-    return min(fits, key=lambda r: (r["bytes"], r["perplexity"]))["file"]
+    return _smallest([r for r in rows if r["perplexity"] <= ref * (1 + b)])
 
 
 def _choose_best_quality(rows, ref, budget):
