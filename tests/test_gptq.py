@@ -308,3 +308,22 @@ def test_full_precision_inputs_feed_each_block_the_unquantized_outputs(model):
     cos, sin = model.rope(0, 64)
     fp = model.model.layers[0](model.model.embed_tokens(ids), cos, sin)
     assert torch.allclose(seen[1], fp, atol=1e-5)
+
+
+@pytest.mark.parametrize("grid, act_order", [("course", False), ("q4_0", True), ("q4_1", False)])
+def test_linears_sharing_an_input_stacked_get_the_codes_each_gets_alone(grid, act_order):
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(512, 64, generator=g) * (torch.rand(64, generator=g) * 3)
+    H = gptq.hessian(X)
+    lins = [torch.nn.Linear(64, n, bias=False) for n in (48, 16, 16)]
+    for lin in lins:
+        lin.weight.data = torch.randn(lin.out_features, 64, generator=g)
+    together = gptq.gptq_linears(lins, H, 4, 32, act_order=act_order, grid=grid)
+    for lin, t in zip(lins, together):
+        alone = gptq.gptq_linear(lin, H, 4, 32, act_order=act_order, grid=grid)
+        assert t.codes.shape == (lin.out_features, 64)
+        for buf in ("codes", "scale", "zero", "offset"):
+            a, b = getattr(t, buf), getattr(alone, buf)
+            assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), buf
+    with pytest.raises(TypeError, match="non-empty list of nn.Linear"):
+        gptq.gptq_linears([], H)

@@ -276,6 +276,8 @@ def gptq_linears(linears: list[nn.Linear], H: torch.Tensor, bits: int = 4,
     over the columns (lesson 06). GPTQ treats every row on its own (the update of row r uses
     only row r and U), so the weights stacked row-wise give each Linear the codes it would get
     alone, and the Python loop over columns runs once instead of once per Linear."""
+    if not linears or not all(isinstance(lin, nn.Linear) for lin in linears):
+        raise TypeError("gptq_linears needs a non-empty list of nn.Linear fed the same input")
     gr = cal.get_grid(grid)
     rows = [lin.out_features for lin in linears]
     W = torch.cat([lin.weight.detach().float() for lin in linears])       # (sum out, in)
