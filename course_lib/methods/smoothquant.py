@@ -1,8 +1,6 @@
 """SmoothQuant: move the activation outliers into the weights, then quantize both (lesson 08).
 
-Paper: G. Xiao, J. Lin, M. Seznec, H. Wu, J. Demouth, S. Han,  # quotation: the paper's authors
-"SmoothQuant: Accurate and Efficient Post-Training Quantization  # quotation: the paper's title
-for Large Language Models", ICML 2023.  # quotation: the paper's title
+Paper: Xiao et al., "SmoothQuant", ICML 2023 (arXiv:2211.10438).
 
 A Linear computes y = x W^T. Shrink input channel j of x by a factor s_j and grow column j of
 W by the same factor: (x / s) (W * s)^T = x W^T, whatever s is. The paper's choice,
