@@ -426,12 +426,8 @@ def export_gguf(model: nn.Module, path: str | os.PathLike, fmt: str = "q4_0",
                         f"method); got {type(model).__name__}")
     if not isinstance(overwrite, bool):
         raise TypeError(f"overwrite must be True or False; got {overwrite!r}")
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a file path ending in .gguf; got {type(path).__name__}")
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder; give a file name such as "
-                                f"{path / 'model.gguf'}")
+    from course_lib.smollm import file_target
+    path = file_target(path, "path", "model.gguf")
     if path.suffix != ".gguf":
         raise ValueError(f"path must name a .gguf file (llama.cpp's format); got {str(path)!r}")
     if path.exists() and not overwrite:

@@ -77,14 +77,15 @@ def _course_model(model, what: str) -> None:
                         f"{type(model).__name__}")
 
 
-def _file_target(path, what: str) -> Path:
-    """A path to write a file to: refused if it names an existing folder."""
+def file_target(path, what: str, example: str = "out.json") -> Path:
+    """A path to write a file to: refused if it names an existing folder (the message suggests
+    ``example`` inside it). Also used by :func:`course_lib.export.export_gguf`."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{what} must be a file path (str or Path); got {type(path).__name__}")
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{what} {path} is a folder; give a file name inside it, e.g. "
-                                f"{path / 'out.json'}")
+                                f"{path / example}")
     return path
 
 
@@ -386,7 +387,7 @@ def write_rtn_table(n_windows: int = N_WINDOWS, path: Path = RESULTS_FILE) -> di
     ``python -m course_lib.smollm table`` (several minutes on 2 cores)."""
     import platform
     n_windows = _whole("n_windows", n_windows, 1, 64)
-    path = _file_target(path, "path")
+    path = file_target(path, "path")
     t0 = time.perf_counter()
     model = load()
     t_load = time.perf_counter() - t0
@@ -424,7 +425,7 @@ def benchmark(repeats: int = 3, tokens: int = 1024, path: Path | None = SPEED_FI
     repeats = _whole("repeats", repeats, 1)
     tokens = _whole("tokens", tokens, 1, 8192)     # 8192: SmolLM2's trained context
     if path is not None:
-        path = _file_target(path, "path")
+        path = file_target(path, "path")
     convert(verbose=False)
     load_s, fwd_s = [], []
     for _ in range(repeats):

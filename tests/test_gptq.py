@@ -189,14 +189,18 @@ def test_rtn_model_equals_lesson_04_fake_quantization(model):
             assert torch.equal(a.get_submodule(name).weight, b.get_submodule(name).weight)
 
 
-def test_quantize_blockwise_feeds_each_block_the_quantized_blocks_outputs(model):
-    seen = []
-
+def _record_then_rtn(seen: list):
+    """A quantize_block step that keeps each block's inputs, then rounds its Linears (2 bits)."""
     def record(block, x, cos, sin):
         seen.append(x.clone())
         for name, lin in cal.linears(block).items():
             cal.replace(block, name, cal.rtn_linear(lin, 2, 128))
+    return record
 
+
+def test_quantize_blockwise_feeds_each_block_the_quantized_blocks_outputs(model):
+    seen = []
+    record = _record_then_rtn(seen)
     ids = cal.calibration_ids("bundled", 2, 64)
     qm, _ = cal.quantize_blockwise(model, ids, record)
     cos, sin = model.rope(0, 64)
@@ -297,12 +301,7 @@ def test_the_per_linear_hook_replaces_each_linear_with_what_it_returns(model):
 
 def test_full_precision_inputs_feed_each_block_the_unquantized_outputs(model):
     seen = []
-
-    def record(block, x, cos, sin):
-        seen.append(x.clone())
-        for name, lin in cal.linears(block).items():
-            cal.replace(block, name, cal.rtn_linear(lin, 2, 128))
-
+    record = _record_then_rtn(seen)
     ids = cal.calibration_ids("bundled", 2, 64)
     cal.quantize_blockwise(model, ids, record, inputs="fp", n_blocks=2)
     cos, sin = model.rope(0, 64)
