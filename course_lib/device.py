@@ -154,3 +154,76 @@ def summary(info: DeviceInfo | None = None) -> DeviceInfo:
         print("Emulated (not native) here:", ", ".join(missing),
               "(FP8 needs compute capability 8.9+, FP4 needs Blackwell 10.0+)")
     return info
+
+
+# ---- what a computed number depends on (issue 25: the course passes on any CPU) -------------
+
+# The CPU features that change which kernels torch and its BLAS dispatch to, and so the order
+# in which sums are taken: the numbers downstream of a rounding decision move with them.
+ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni",
+             "amx_tile", "amx_bf16", "amx_int8", "neon", "asimd", "sve")
+# Environment variables that make one machine dispatch like another (docs/cpu_dispatch.md).
+DISPATCH_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA",
+                 "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _cpuinfo() -> tuple[str, list[str]]:
+    """(model name, flags) from /proc/cpuinfo on Linux, from sysctl on macOS; ('', []) where
+    neither answers."""
+    name, flags = "", []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and not name:
+                    name = value.strip()
+                elif key in ("flags", "Features") and not flags:
+                    flags = value.split()
+    except OSError:
+        pass
+    if sys.platform == "darwin" and not name:
+        name = _sysctl("machdep.cpu.brand_string")
+        flags = (_sysctl("machdep.cpu.features") + " " + _sysctl("machdep.cpu.leaf7_features")
+                 ).lower().replace("avx1.0", "avx").replace(".", "_").split()
+        if platform.machine() == "arm64":     # Advanced SIMD is part of every Apple core
+            flags += ["neon", "asimd"]
+    return name, flags
+
+
+def _sysctl(key: str) -> str:
+    import subprocess
+    try:
+        return subprocess.run(["sysctl", "-n", key], capture_output=True, text=True,
+                              timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def machine_record() -> dict:
+    """What a committed number was computed on: CPU model and the ISA flags that steer dispatch,
+    torch and its BLAS, the CPU capability torch's kernels run at, threads, and any dispatch
+    variables set. Every writer of ``results/*.json`` stores this under ``"machine"``."""
+    import torch
+
+    name, flags = _cpuinfo()
+    config = torch.__config__.show()
+    blas = next((part.split("=", 1)[1] for part in config.replace(",", " ").split()
+                 if part.startswith("BLAS_INFO=")), "")
+    mkl = next((line.strip(" -") for line in config.splitlines() if "Math Kernel Library" in line), "")
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except AttributeError:  # an older torch
+        capability = ""
+    return {
+        "cpu": name or platform.processor() or platform.machine(),
+        "arch": platform.machine(),
+        "isa_flags": [f for f in ISA_FLAGS if f in flags],
+        "logical_cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "blas": blas + (f" ({mkl})" if mkl else ""),
+        "torch_cpu_capability": capability,
+        "torch_threads": torch.get_num_threads(),
+        "dispatch_env": {k: os.environ[k] for k in DISPATCH_VARS if k in os.environ},
+        "python": platform.python_version(),
+    }

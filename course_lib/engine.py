@@ -387,7 +387,6 @@ def write_table(n_windows: int = 8, calib_windows: int = 16, runs: int = 5,
     file and its requantization to Q4_0; decode tokens/s (``runs`` interleaved runs of
     ``new_tokens``) beside bandwidth / bytes. ``python -m course_lib.engine table``."""
     import json
-    import platform
     from course_lib import bandwidth, export, smollm
     from course_lib import eval as ceval
     from course_lib.gguf_model import quantize_q8_0
@@ -459,7 +458,7 @@ def write_table(n_windows: int = 8, calib_windows: int = 16, runs: int = 5,
                         "reference": "course fp32 LlamaModel, weights rounded to fp16",
                         "calibration": {"windows": calib_windows, "tokens": 512,
                                         "gptq": "act_order, grid q4_0", "awq": "grid q4_0"}},
-           "machine": {"cpu": platform.processor() or platform.machine(),
+           "machine": {**device.machine_record(),
                        "cpus": os.cpu_count(), "engine_threads": threads,
                        "load_avg_1min": os.getloadavg()[0],
                        "copy_bandwidth_gbps": bw.median_gbps},

@@ -834,6 +834,7 @@ def run(model_name: str = "smollm2", context: int = 4096, n_windows: int = 3,
 
     ``live``: the short slice the lesson recomputes (context, formats), stored beside it.
     """
+    from course_lib import device
     torch.manual_seed(0)
     t0 = time.time()
     model, cal_ids, eval_ids = _load(model_name)
@@ -843,7 +844,8 @@ def run(model_name: str = "smollm2", context: int = 4096, n_windows: int = 3,
            "window": DEFAULT_WINDOW, "group": DEFAULT_GROUP, "calibration_tokens": cal_tokens,
            "shape": {"layers": L, "kv_heads": K, "head_dim": hd},
            "bytes_per_token": {f: bytes_per_token(f, L, K, hd, context) for f in formats},
-           "bits_per_value": {f: bits_per_value(f, hd) for f in formats}}
+           "bits_per_value": {f: bits_per_value(f, hd) for f in formats},
+           "machine": device.machine_record()}
     if live:
         res["live"] = live_slice(model, eval_ids, scales, **live)
         log(f"live slice done, {time.time() - t0:.0f} s")

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from course_lib import data, eval as ceval
+from course_lib import data, device, eval as ceval
 from course_lib.gguf_model import BlockQuantized
 from course_lib.model import HFTokenizer, LlamaModel, ModelConfig, model_from_state_dict
 
@@ -385,7 +385,6 @@ def rtn_rows(model: LlamaModel, ref: ceval.Reference, variants=None, progress=No
 def write_rtn_table(n_windows: int = N_WINDOWS, path: Path = RESULTS_FILE) -> dict:
     """Measure the full table (every variant on the protocol's windows) and write it as JSON:
     ``python -m course_lib.smollm table`` (several minutes on 2 cores)."""
-    import platform
     n_windows = _whole("n_windows", n_windows, 1, 64)
     path = file_target(path, "path")
     t0 = time.perf_counter()
@@ -400,8 +399,7 @@ def write_rtn_table(n_windows: int = N_WINDOWS, path: Path = RESULTS_FILE) -> di
     out = {"model": GGUF_NAME, "package": f"{PACKAGE}=={PACKAGE_VERSION}",
            "protocol": {"text": "course_lib.data.topics_split()[1]", "n_windows": n_windows,
                         "window_tokens": WINDOW, "scored_per_window": WINDOW - 1},
-           "machine": {"cpu": platform.processor() or platform.machine(),
-                       "threads": torch.get_num_threads(), "torch": torch.__version__},
+           "machine": {**device.machine_record(), "threads": torch.get_num_threads()},
            "seconds": {"load": round(t_load, 2), "reference_forward": round(t_ref, 2),
                        "total": round(time.perf_counter() - t0, 1)},
            "reference": {"perplexity": ref.perplexity, "bits_per_byte": ref.bits_per_byte,
@@ -420,7 +418,6 @@ SPEED_FILE = RESULTS_FILE.parent / "smollm2_speed_cpu.json"
 def benchmark(repeats: int = 3, tokens: int = 1024, path: Path | None = SPEED_FILE) -> dict:
     """Median load time and median fp32 forward time for ``tokens`` tokens on this machine
     (``python -m course_lib.smollm bench``; the issue's targets: < 10 s and < 5 s on 2 cores)."""
-    import platform
     import statistics
     repeats = _whole("repeats", repeats, 1)
     tokens = _whole("tokens", tokens, 1, 8192)     # 8192: SmolLM2's trained context
@@ -439,9 +436,8 @@ def benchmark(repeats: int = 3, tokens: int = 1024, path: Path | None = SPEED_FI
             t0 = time.perf_counter()
             model(ids)
             fwd_s.append(time.perf_counter() - t0)
-    out = {"machine": {"cpu": platform.processor() or platform.machine(),
+    out = {"machine": {**device.machine_record(),
                        "cores": os.cpu_count(), "threads": torch.get_num_threads(),
-                       "torch": torch.__version__,
                        "load_average_1min": os.getloadavg()[0]},
            "repeats": repeats, "tokens": tokens,
            "load_seconds": {"median": statistics.median(load_s), "all": load_s},

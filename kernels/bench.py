@@ -51,7 +51,7 @@ import kernels  # noqa: F401  (Triton mode first)
 import torch
 import torch.nn.functional as F
 
-from course_lib import bench
+from course_lib import bench, device
 from course_lib.paths import ROOT
 from kernels._common import Backend
 from kernels.bench_decode import DecoderStack, decode_layers_that_fit, decode_tokens_per_s
@@ -184,7 +184,8 @@ def _run(quick, budget_s, log, decode_layers, layers, batches, prefill_m, backen
     result = {
         "schema": SCHEMA,
         "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": rec, "versions": versions(), "quick": quick,
+        "device": rec, "machine": device.machine_record(), "versions": versions(),
+        "quick": quick,
         "cpu_threads": None if gpu else torch.get_num_threads(),
         "timing": ("GPU: ms = median per call replayed from a CUDA graph, rotating over weight "
                    "copies that together exceed 3x L2 (no launch overhead, no L2 reuse); "
@@ -271,6 +272,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.separate:
         res = separating_measurements()
+        res["machine"] = device.machine_record()
         path = Path(args.out) / f"separate_{device_slug(torch.cuda.get_device_name(0))}.json"
         path.write_text(json.dumps(res, indent=1) + "\n")
         print(f"wrote {path}")

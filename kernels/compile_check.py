@@ -384,7 +384,9 @@ def main(argv=None) -> int:
         import triton
         with open(args.json, "w") as f:
             cmd = "python -m kernels.compile_check " + " ".join(argv if argv is not None else sys.argv[1:])
+            from course_lib import device
             json.dump({"command": cmd, "triton": triton.__version__,
+                       "machine": device.machine_record(),   # compiled here, for --arch
                        "issue_budget_h100": round(issue_budget(), 2),
                        "records": records, "launch_plans": plans}, f, indent=1, default=str)
             f.write("\n")

@@ -484,8 +484,10 @@ def main(argv=None) -> None:
                                          / "kv_smollm2.json"))
     a = p.parse_args(argv)
     path = Path(a.json)
+    from course_lib import device
     res = json.loads(path.read_text()) if path.exists() else {}
-    res["decode_attention"] = benchmark_rows()
+    res["decode_attention"] = {**benchmark_rows(), "machine": device.machine_record()}
+    res.setdefault("machine", res["decode_attention"]["machine"])   # a file of these rows only
     path.write_text(json.dumps(res, indent=1) + "\n")
     print(f"wrote decode_attention rows ({'measured' if on_gpu() else 'not measured'}) to {path}")
 

@@ -26,6 +26,7 @@ import torch
 
 import kernels  # noqa: F401  (TRITON_INTERPRET before triton)
 import triton
+from course_lib import device
 from kernels import w4a16, w8a16
 from kernels._common import gemv_plan, on_gpu
 
@@ -50,7 +51,8 @@ def sweep(out_path: str, budget_s: float = 200.0) -> dict:
     t_start = time.time()
     props = torch.cuda.get_device_properties(0)
     res = {"device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
-           "triton": triton.__version__, "rows": [], "fp8_accumulation": [], "partial": True}
+           "triton": triton.__version__, "machine": device.machine_record(),   # the host CPU
+           "rows": [], "fp8_accumulation": [], "partial": True}
 
     def save():
         with open(out_path, "w") as f:
@@ -187,6 +189,8 @@ def main() -> int:
         res = json.load(open(path)) if os.path.exists(path) else {"device": torch.cuda.get_device_name(0)}
         res["fp8_accumulation"] = fp8_accumulation()
         res["fp8_codes_by_device"] = fp8_codes_by_device()
+        res["fp8_machine"] = device.machine_record()        # this update's host
+        res.setdefault("machine", res["fp8_machine"])
         with open(path, "w") as f:
             json.dump(res, f, indent=1)
         print(f"wrote {path}")

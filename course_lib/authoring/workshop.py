@@ -106,22 +106,17 @@ def exercises(stem: str) -> list[dict]:
 # ---- the timing record ---------------------------------------------------------------------
 
 def machine() -> dict:
-    """This machine, as the timing record names it."""
-    model = ""
+    """This machine, as the timing record names it: ``device.machine_record()`` (CPU model, ISA
+    flags, torch, BLAS, threads) plus the platform string."""
+    from course_lib import device
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        model = platform.processor()
-    try:
-        import torch
-        torch_version = torch.__version__
-    except ImportError:
-        torch_version = ""
-    return {"cpu": model, "logical_cpus": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch_version, "platform": platform.platform()}
+        rec = device.machine_record()
+    except ImportError:       # no torch: what the CPU and Python say
+        name, flags = device._cpuinfo()
+        rec = {"cpu": name or platform.processor() or platform.machine(),
+               "arch": platform.machine(), "isa_flags": [f for f in device.ISA_FLAGS if f in flags],
+               "logical_cpus": os.cpu_count(), "torch": "", "python": platform.python_version()}
+    return {**rec, "platform": platform.platform()}
 
 
 def times_from_log(log: Path, note: str = "") -> dict:

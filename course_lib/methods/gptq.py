@@ -417,7 +417,8 @@ def benchmark_layer(d: int = 4096, n_tokens: int = 32 * 2048, batch: int = 2048,
             "bits": bits, "group_size": group_size, "act_order": act_order,
             "hessian_s": round(hessian_s, 3), "quantize_s": round(quantize_s, 3),
             "total_s": round(hessian_s + quantize_s, 3), "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "load_avg_1min": round(os.getloadavg()[0], 2)}
+            "torch": torch.__version__, "load_avg_1min": round(os.getloadavg()[0], 2),
+            "machine": cdevice.machine_record()}   # the host CPU, on a GPU run too
 
 
 def main(argv=None) -> dict:

@@ -381,6 +381,8 @@ def main(argv=None) -> int:
     model, ref, calib = setups.bundled_setup() if args.model == "bundled" else setups.smollm_setup()
     out = outlier_facts(model, calib, ref)
     out["model"] = args.model
+    from course_lib import device
+    out["machine"] = device.machine_record()
     path = Path(__file__).resolve().parents[2] / "results" / f"llm_int8_{args.model}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
     print("wrote", path)

@@ -23,12 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
 import torch
 
+from course_lib import device
 from course_lib import eval as ceval
 from course_lib import quant
 from course_lib.methods import awq, gptq
@@ -184,8 +184,7 @@ def write_table(model_name: str, path: Path | None = None, progress: bool = True
                            "text": "training split" if model_name == "bundled"
                            else "calibration part of the reference text"},
            "evaluation": {"windows": st["eval_windows"], "tokens": st["eval_window"]},
-           "machine": {"cpu": platform.processor() or platform.machine(),
-                       "threads": torch.get_num_threads(), "torch": torch.__version__},
+           "machine": {**device.machine_record(), "threads": torch.get_num_threads()},
            "baseline": base, "rows": [], "slice": None}
     if variant:
         out["options"] = {k: str(v) for k, v in options.items()}
@@ -199,6 +198,9 @@ def write_table(model_name: str, path: Path | None = None, progress: bool = True
             if "note" in pm or "earlier_rows" in pm:
                 out["machine"]["earlier_rows"] = pm.get("earlier_rows", pm.get("note"))
         old = previous["rows"]
+        earlier = earlier_machine(previous.get("machine"), out["machine"])
+        if earlier:      # rows kept from a run on another CPU, torch or BLAS: say which
+            out["machine"]["earlier_rows_machine"] = earlier
     # the comparisons the lessons quote first: the smallest group size, 4 then 3 bits
     jobs = [(bits, gs, m) for gs in (group_sizes or st["group_sizes"]) for bits in bits_list
             for m in (methods if variant else METHODS)]
@@ -223,6 +225,22 @@ def write_table(model_name: str, path: Path | None = None, progress: bool = True
     out["seconds_total"] = round(time.perf_counter() - t0, 1)     # this run (resumed: its part)
     _write(path, out)
     return out
+
+
+MACHINE_KEYS = ("cpu", "isa_flags", "torch", "blas", "torch_cpu_capability", "dispatch_env")
+
+
+def earlier_machine(previous: dict | None, now: dict) -> dict | None:
+    """The machine record of the rows a run keeps from an earlier file when it differs from
+    this run's in anything that moves the numbers (CPU, ISA, torch, BLAS, dispatch); None when
+    it is the same machine. A record that already names an earlier one passes that on."""
+    if not previous:
+        return None
+    if "earlier_rows_machine" in previous:
+        return previous["earlier_rows_machine"]
+    if all(previous.get(k) == now.get(k) for k in MACHINE_KEYS):
+        return None
+    return {k: v for k, v in previous.items() if k not in ("earlier_rows", "note")}
 
 
 def _check_protocol(previous: dict, out: dict, path: Path) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from course_lib import quant
+from course_lib import device, quant
 from course_lib.methods import llm_int8, smoothquant
 from course_lib.methods.int8_common import (BUNDLED, SMOLLM, bundled_setup, eval_windows,
                                             int8_matmul_int32, smollm_setup)
@@ -366,6 +366,7 @@ def add_sweep(model_name: str, alphas) -> int:
         print(act, [f"{r['alpha']}: {r['kl_nats']:.4f}" for r in sweep[act]])
     saved["alpha_sweep"] = sweep
     saved["alpha_sweep_smoothed"] = ["norms"]
+    saved["alpha_sweep_machine"] = device.machine_record()   # the table's rows keep "machine"
     path.write_text(json.dumps(saved, indent=1) + "\n")
     print("wrote", path)
     return 0
@@ -395,6 +396,7 @@ def main(argv=None) -> int:
     if args.overlap_check:
         out = overlap_check()
         out["torch"] = torch.__version__
+        out["machine"] = device.machine_record()
         OVERLAP_FILE.write_text(json.dumps(out, indent=1) + "\n")
         print("wrote", OVERLAP_FILE)
         return 0
@@ -404,17 +406,19 @@ def main(argv=None) -> int:
     t0 = time.time()
     model, ref, calib = bundled_setup() if args.model == "bundled" else smollm_setup()
     path = ROOT / "results" / f"w8a8_{args.model}.json"
-    reuse = []
+    reuse, reused_machine = [], None
     if args.reuse and path.exists():
         old = json.loads(path.read_text())
         setup = BUNDLED if args.model == "bundled" else SMOLLM
         if {k: old["setup"].get(k) for k in setup} == setup and \
                 abs(old["reference_bits_per_byte"] - ref.bits_per_byte) < 1e-9:
             reuse = old["rows"]
+            reused_machine = old.get("machine", {"cpu": "not recorded",
+                                                 "torch": old.get("torch", "not recorded")})
         else:
             print("--reuse: the results file was measured on another setup; recomputing all")
     rows = score_variants(model, ref, calib, reuse=reuse)
-    sweep, swept = {}, ["norms", *args.sweep_extra]
+    sweep, swept, sweep_machine = {}, ["norms", *args.sweep_extra], None
     if not args.no_sweep:
         for act in ACT_MODES:
             sweep[act] = alpha_sweep(model, ref, calib, ALPHAS, act, extra=args.sweep_extra)
@@ -422,6 +426,7 @@ def main(argv=None) -> int:
     elif path.exists():         # keep the file's sweep, saying which groups it smoothed
         old = json.loads(path.read_text())
         sweep = old.get("alpha_sweep", {})
+        sweep_machine = old.get("alpha_sweep_machine", old.get("machine"))
         # files written before the reference default also smoothed down_proj
         swept = old.get("alpha_sweep_smoothed", ["norms", "down_proj"])
         if old.get("eval_windows", {}).get("n_windows", SMOLLM["n_windows"]) != \
@@ -431,7 +436,12 @@ def main(argv=None) -> int:
            "eval_windows": eval_windows(ref), "alpha_sweep_smoothed": swept,
            "reference_bits_per_byte": ref.bits_per_byte, "reference_perplexity": ref.perplexity,
            "rows": rows, "alpha_sweep": sweep,
-           "torch": torch.__version__, "seconds": round(time.time() - t0, 1)}
+           "torch": torch.__version__, "seconds": round(time.time() - t0, 1),
+           "machine": device.machine_record()}
+    if reused_machine is not None:     # --reuse: copied rows were measured there
+        out["machine"]["reused_rows_machine"] = reused_machine
+    if sweep and sweep_machine is not None:    # --no-sweep kept the file's sweep: measured there
+        out["alpha_sweep_machine"] = sweep_machine
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     print("wrote", path)
