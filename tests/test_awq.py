@@ -66,6 +66,8 @@ def test_search_scale_picks_the_alpha_with_the_smallest_error_and_restores_weigh
     assert torch.equal(lin.weight.data, w0)
     assert len(errors) == 10 and errors[0][0] == 0.0
     assert alpha == min(errors, key=lambda e: e[1])[0] and alpha > 0
+    # chaotic (INT3 codes): best / RTN error 0.42 (0.49 at worst over 40 Linear inits), the same
+    # to 6 digits on AVX-512, avx2 with 1 thread and default/SSE4_2 (issue 25)
     assert errors[[a for a, _ in errors].index(alpha)][1] < errors[0][1]   # beats plain RTN
     assert torch.allclose(s, awq.scales_for(awq.channel_magnitude(x), alpha))
 
@@ -78,6 +80,8 @@ def test_clip_search_never_does_worse_than_no_clipping():
     for sym in (True, False):
         Wc = awq.search_clip(W, x, 3, 32, sym)
         err = lambda w: float((x @ cal.fake_quant(w, 3, 32, sym).T - x @ W.T).pow(2).mean())  # noqa: E731
+        # chaotic (INT3 codes): err(Wc) / err(W) 0.734 (sym) and 0.874 (asym), the same to 6
+        # digits on AVX-512, avx2 with 1 thread and default/SSE4_2
         assert err(Wc) <= err(W) * (1 + 1e-6)
         assert float(Wc.abs().max()) <= float(W.abs().max())
 
@@ -93,6 +97,8 @@ def test_keep_one_percent_salient_by_activation_beats_weight_and_random(model):
         assert len(keep) == 6
         Wq = awq.keep_salient(W, keep, 3, 128)
         errs[by] = float((x @ (Wq - W).T).pow(2).mean())
+    # chaotic (INT3 codes): activation / weight 0.876, activation / random 0.844, the same to 6
+    # digits on AVX-512, avx2 with 1 thread and default/SSE4_2
     assert errs["activation"] < errs["weight"] and errs["activation"] < errs["random"]
     with pytest.raises(ValueError, match="by must be"):
         awq.salient_channels(W, x, 0.01, "gradient")
@@ -110,6 +116,8 @@ def test_awq_model_beats_rtn_at_3_bits_and_leaves_the_head(model):
     assert len(log) == 4 and set(log[0]) == {"attn", "mlp", "down"}
     kl_awq = ceval.compare(qm, ref)["kl_nats"]
     kl_rtn = ceval.compare(cal.rtn_model(model, 3, 128), ref)["kl_nats"]
+    # chaotic (AWQ's grid search, INT3 codes): 0.0236 vs 0.0358 (ratio 0.661), moved < 0.01% on
+    # AVX-512, avx2 with 1 thread and default/SSE4_2
     assert kl_awq < kl_rtn
 
 
@@ -137,7 +145,8 @@ def test_effective_weights_on_unscaled_inputs_reproduce_the_quantized_block(mode
         assert torch.allclose(ours, theirs, atol=1e-4)
     # o_proj has no scale: its effective weight is the stored one
     assert torch.equal(eff["self_attn.o_proj"], q.self_attn.o_proj.dequantized())
-    # and each effective weight stays close to the original (INT4 g32)
+    # and each effective weight stays close to the original (INT4 g32); chaotic (AWQ's search):
+    # the worst is 0.140 of the norm, unchanged on AVX-512, avx2 with 1 thread and default/SSE4_2
     for name, W in eff.items():
         W0 = fp.get_submodule(name).weight
         assert (W - W0).norm() < 0.2 * W0.norm(), name
@@ -181,6 +190,7 @@ def test_awq_with_o_proj_scaled_logs_it_and_effective_weights_undo_it(model):
     qm, _ = awq.awq_model(model, ids, 4, 32, n_blocks=1, log=log, scale_o_proj=True, n_grid=4)
     assert set(log[0]) == {"attn", "out", "mlp", "down"}
     eff = awq.effective_weights(qm.model.layers[0], log[0])
+    # chaotic (AWQ's search): the worst is 0.102 of the norm on all three CPU settings
     for name in ("self_attn.o_proj", "self_attn.v_proj"):
         W0 = model.model.layers[0].get_submodule(name).weight
         assert (eff[name] - W0).norm() < 0.2 * W0.norm(), name
@@ -191,6 +201,8 @@ def test_awq_options_run_and_differ(model):
     a, _ = awq.awq_model(model, ids, 3, 128, n_grid=4, n_blocks=2)
     b, _ = awq.awq_model(model, ids, 3, 128, n_grid=4, n_blocks=2, inputs="fp")
     z, _ = awq.awq_model(model, ids, 3, 128, n_grid=4, n_blocks=1, symmetric=False)
+    # block 0 sees the same embeddings either way: equal by construction; block 1's codes differ
+    # in 7101..7178 places (default/SSE4_2, avx2 with 1 thread, AVX-512): far from equal
     assert torch.equal(a.model.layers[0].mlp.up_proj.codes, b.model.layers[0].mlp.up_proj.codes)
     assert not torch.equal(a.model.layers[1].mlp.up_proj.codes, b.model.layers[1].mlp.up_proj.codes)
     assert z.model.layers[0].mlp.up_proj.zero is not None

@@ -84,6 +84,8 @@ def test_compare_uses_identical_windows_for_every_variant():
     text = data.heldout_text(3000)
     ref = E.reference(m, text, window=64, batch_size=7)
     a = E.compare(m, ref, batch_size=5)     # batching must not change anything
+    # top-1 is chaotic (argmax), but the logits came out bit-identical across batch sizes (KL 0)
+    # on AVX-512, avx2 with 1 thread and default/SSE4_2; the closest top-2 gap is 9e-5 nats
     assert a["kl_nats"] < 1e-6 and a["top1_agreement"] == 1.0
     assert a["bits_per_byte"] == pytest.approx(E.bits_per_byte(m, text, window=64), rel=1e-5)
 
@@ -138,7 +140,7 @@ def test_bundled_model_beats_the_unigram_baseline_in_seconds():
     unigram = float(-(counts / counts.sum() * (counts / counts.sum()).clamp_min(1e-30).log2()).sum())
     assert bpb < min(compressors.values()) and bpb < unigram - 1.5, (bpb, compressors, unigram)
     assert abs(bpb - 1.988) < 0.02                          # measured 1.988 (2 cores, fp32)
-    assert E.completion_accuracy(m, data.heldout_text(), n=64) > 0.1
+    assert E.completion_accuracy(m, data.heldout_text(), n=64) > 0.1     # chaotic (greedy): 0.25
 
 
 # ---------------------------------------------------------------- the corpus split (course_lib.data)

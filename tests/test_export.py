@@ -81,6 +81,8 @@ def test_transformers_loads_the_export_and_matches_the_course_model(model, tmp_p
     with torch.no_grad():
         ours, theirs = course(x), hf(x).logits
     assert (ours - theirs).abs().max() < 1e-3, float((ours - theirs).abs().max())
+    # chaotic (argmax; the codes come from GPTQ): closest top-2 gap 0.0016..0.0126 against
+    # logits <= 1.2e-5 apart on AVX-512, avx2 with 1 thread and default/SSE4_2
     assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
 
 

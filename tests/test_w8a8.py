@@ -91,8 +91,11 @@ def test_bundled_model_dynamic_per_token_beats_static():
                                              "W8A16 INT8 (weights only)")], log=lambda *a: None)}
     static, smooth = rows["W8A8 INT8 static per-tensor"], rows["W8A8 INT8 static per-tensor + SmoothQuant 0.5"]
     dyn, w8 = rows["W8A8 INT8 dynamic per-token"], rows["W8A16 INT8 (weights only)"]
+    # chaotic (INT8 activation codes): 1.73e-5 < 4.18e-4 < 3.26e-3..3.27e-3 (static moved 0.45% on
+    # AVX-512, avx2 with 1 thread, default/SSE4_2; the test pins 2 threads, the probe did not)
     assert w8["kl_nats"] < dyn["kl_nats"] < static["kl_nats"]
-    # smoothing the tiny model moves static per-tensor KL by ~10% either way (lesson 08)
+    # smoothing the tiny model moves static per-tensor KL by ~10% either way (lesson 08); the
+    # ratio measured 0.986..0.990 on the three CPU settings
     assert 0.5 < smooth["kl_nats"] / static["kl_nats"] < 1.5
 
 
