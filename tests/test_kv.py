@@ -178,10 +178,11 @@ def test_quality_orders_the_formats(model, scales):
     kl = {f: float(s[f]["kl"].mean()) for f in kv.FORMAT_NAMES}
     assert kl["bf16"] == 0 and bool(s["bf16"]["agree"].all())
     # chaotic (FP8 / INT / KIVI codes of K and V): int8 5.89e-5, kivi4 3.68e-5, fp8_head 1.478e-3,
-    # kivi2 1.515e-3 (fp8_head 2.5% below), each moved <= 0.05% on AVX-512, avx2 with 1 thread
-    # and default/SSE4_2
+    # kivi2 1.515e-3, each moved <= 0.05% on AVX-512, avx2 with 1 thread and default/SSE4_2; but
+    # between two real CPUs lesson 11's FP8 KL moved 17% (results/cpu_spread.json), so fp8_head
+    # vs kivi2 (2.5% apart here) is not asserted; fp8_head vs kivi4 (40x apart) is
     assert 0 < kl["int8"] < kl["kivi2"] and 0 < kl["kivi4"] < kl["kivi2"]
-    assert kl["fp8_head"] < kl["kivi2"]
+    assert kl["fp8_head"] > 10 * kl["kivi4"]
     rows = kv.by_position([s, s], [0, 32, 256])["kivi2"]
     assert [(r["from"], r["to"]) for r in rows] == [(0, 32), (32, 256)]
     assert rows[0]["kl"] == 0                      # the first 32 tokens sit in the window

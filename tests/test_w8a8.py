@@ -79,7 +79,15 @@ def test_bundled_model_dynamic_per_token_beats_static():
     from course_lib import eval as ceval
     from course_lib.model import load_pretrained
 
-    torch.set_num_threads(2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)                 # restored below: later tests keep OMP_NUM_THREADS
+    try:
+        _dynamic_beats_static(load_pretrained, data, ceval)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _dynamic_beats_static(load_pretrained, data, ceval):
     model = load_pretrained()
     text = data.heldout_text()
     ref = ceval.reference(model, text[:2049], window=256)
