@@ -26,7 +26,7 @@ PACKAGES = ("course_lib", "kernels")
 # each module, is docs/architecture.md.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("1 formats and quantizers", (
-        "course_lib.paths", "course_lib.device", "course_lib.compare",
+        "course_lib.paths", "course_lib.device", "course_lib.compare", "course_lib.spread",
         "course_lib.formats", "course_lib.quant")),
     ("2 model, loaders and evaluation", (
         "course_lib.data", "course_lib.model", "course_lib.eval", "course_lib.qmodel",
