@@ -3,8 +3,9 @@
 Lessons 04-12 recompute a slice of a committed table (``results/*.json``) and check that the
 learner's machine gets the same answer. "The same" cannot mean the same fourth digit: a number
 downstream of a rounding decision (GPTQ's error feedback, an AWQ grid search, INT8 or FP8 codes
-of activations, a quantized KV cache) follows the order in which the CPU's BLAS adds things up,
-and that order changes with the CPU, its vector width, the BLAS build and the thread count.
+of activations, a quantized KV cache) follows the order in which the CPU's kernels add things
+up (torch's vectorized code, the BLAS), and that order changes with the CPU, its vector width,
+the library build and the thread count (docs/cpu_dispatch.md: which of these moved what).
 
 Each quantity a lesson compares has a ``Band`` here:
 - ``smooth``: a sum or a mean over fixed weights (a full-precision perplexity, RTN's KL: each
@@ -15,8 +16,8 @@ Each quantity a lesson compares has a ``Band`` here:
   claim (an ordering, a ratio) on the live numbers besides.
 
 ``tests/test_spread.py`` holds every band to that rule and to the file. docs/cpu_dispatch.md
-tells instructors what moved and by how much. Taught in lessons 04, 06, 07, 08, 11, 12 (the
-cells that compare live and committed numbers).
+tells instructors what moved and by how much. Used in lessons 04-08 and 11-13 (the
+cells that compare live numbers with committed ones or with a constant).
 """
 from __future__ import annotations
 
@@ -41,10 +42,10 @@ class Band:
 
 
 _RTN = "each weight is rounded on its own: only the last bits of the sums move"
-_FWD = "a full-precision forward: the BLAS's summation order moves the last bits"
+_FWD = "a full-precision forward: the kernels' summation order moves the last bits"
 _GPTQ = "GPTQ's error feedback: one flipped rounding changes every later column's target"
 _AWQ = "AWQ picks each block's scale by a grid search: a near-tie can go the other way"
-_W8A8 = "activations rounded to 8 bits: a value on a rounding edge flips with the BLAS"
+_W8A8 = "activations rounded to 8 bits: a value on a rounding edge flips with the kernels"
 _KV = "keys and values rounded to 8 bits or less: codes on a rounding edge flip"
 
 # name (as tools/cpu_spread.py records it) -> band. The chaotic bands: 3x or more the largest
