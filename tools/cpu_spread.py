@@ -1,4 +1,4 @@
-"""How far do the course's live numbers move from one CPU to another? (issue 25)
+"""How far do the course's live numbers move from one CPU to another?
 
 A number downstream of a rounding decision (GPTQ's error feedback, INT8/FP8 codes of
 activations, AWQ's grid search, perplexity after a quantized KV cache) depends on the order in
@@ -51,6 +51,7 @@ SETTINGS = {
     "aten_avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
     "mkl_avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2"},
 }
+SETTING_VARS = {k for env in SETTINGS.values() for k in env}   # cleared before each setting's own
 
 
 @dataclass(frozen=True)
@@ -198,8 +199,7 @@ def _kill_tree(pid: int) -> None:
 def _child(key: str, setting: str, timeout: float = 600, tries: int = 2) -> dict:
     """Run ``run_probe`` in a subprocess started with the setting's environment. A kernel that
     stops answering (seen once in ~40 runs on a loaded machine) is killed and the probe retried."""
-    env = {k: v for k, v in os.environ.items() if k not in
-           ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    env = {k: v for k, v in os.environ.items() if k not in SETTING_VARS}
     env.update(SETTINGS[setting])
     env.setdefault("COURSE_CHECKS", "solutions")
     env["COURSE_PROGRESS_FILE"] = str(Path(tempfile.gettempdir()) / "cpu_spread_progress.json")
@@ -243,13 +243,12 @@ def measure(probes: list[str], settings: list[str], path: Path = OUT, log=print)
             found = _child(key, s)
             seconds = round(time.perf_counter() - t0, 1)
             log(f"  {seconds} s: " + ", ".join(f"{n} {v[0]:.6g}" for n, v in found.items()), flush=True)
-            result = {"quantities": {n: summarize({s: live}, comm) for n, (live, comm) in found.items()},
-                      "seconds": {f"{key}/{s}": seconds}}
-            data = save(result, path)
+            data = save(s, found, {f"{key}/{s}": seconds}, path)
     return data
 
 
-def save(result: dict, path: Path = OUT) -> dict:
+def save(setting: str, found: dict, seconds: dict, path: Path = OUT) -> dict:
+    """Merge one run's quantities ({name: [live, committed]}) under ``setting`` into the file."""
     sys.path.insert(0, str(ROOT))
     from course_lib import device
 
@@ -258,11 +257,10 @@ def save(result: dict, path: Path = OUT) -> dict:
     runs = old.get("runs", {})
     run = runs.setdefault(machine["cpu"], {"machine": machine, "quantities": {}, "seconds": {}})
     run["machine"] = machine
-    for name, q in result["quantities"].items():
+    for name, (live, committed) in found.items():
         prev = run["quantities"].get(name, {}).get("values", {})
-        merged = {**prev, **q["values"]}
-        run["quantities"][name] = summarize(merged, q["committed"])
-    run["seconds"].update(result["seconds"])
+        run["quantities"][name] = summarize({**prev, setting: live}, committed)
+    run["seconds"].update(seconds)
     out = {"what": "live numbers the lessons compare with committed ones, recomputed under settings "
                    "that make this machine dispatch like others (tools/cpu_spread.py)",
            "settings": SETTINGS, "runs": runs}
