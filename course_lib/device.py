@@ -156,7 +156,7 @@ def summary(info: DeviceInfo | None = None) -> DeviceInfo:
     return info
 
 
-# ---- what a computed number depends on (issue 25: the course passes on any CPU) -------------
+# ---- what a computed number depends on (docs/cpu_dispatch.md) ------------------------------
 
 # The CPU features that change which kernels torch and its BLAS dispatch to, and so the order
 # in which sums are taken: the numbers downstream of a rounding decision move with them.

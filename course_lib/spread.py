@@ -1,4 +1,4 @@
-"""Live numbers against committed ones, with bands that hold on any CPU (issue 25).
+"""Live numbers against committed ones, with bands that hold on any CPU.
 
 Lessons 04-12 recompute a slice of a committed table (``results/*.json``) and check that the
 learner's machine gets the same answer. "The same" cannot mean the same fourth digit: a number

@@ -266,7 +266,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=150.0, help="CPU time budget for layers")
     p.add_argument("--out", default=str(ROOT / "results"), help="folder for the JSON")
     p.add_argument("--separate", action="store_true",
-                   help="only the measurements that separate issue 18's hypotheses (GPU)")
+                   help="only the measurements that separate the slow-decode hypotheses (GPU)")
     p.add_argument("--threads", type=int, default=1,
                    help="CPU threads for a CPU run (default 1: stable on shared machines; 0 = torch's default)")
     args = p.parse_args(argv)

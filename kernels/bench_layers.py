@@ -224,7 +224,7 @@ def write_results(result: dict, out_dir: Path | str = ROOT / "results") -> Path:
     """Write ``result`` as results/bench_<kind>_<device>.json and return the path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if "machine" not in result:     # what the numbers were computed on (issue 25)
+    if "machine" not in result:     # what the numbers were computed on
         from course_lib import device
         result["machine"] = device.machine_record()
     dev = result["device"]

@@ -176,7 +176,7 @@ def _gpt_fast_int8():
 
 
 def peer_backends(act_dtype: torch.dtype = torch.bfloat16, with_fp8: bool = True) -> list[Backend]:
-    """What a user would run instead of the course's kernels (GPU benchmark, issue 18):
+    """What a user would run instead of the course's kernels (GPU benchmark, lesson 10):
     torch's own int4 kernel (tinygemm ``_weight_int4pack_mm``, the course's codes mapped
     exactly by ``int4pack_params``), gpt-fast-style int8 weight-only (``torch.compile``
     with gpt-fast's settings, labelled unfused when inductor did not fuse it), with FP8

@@ -1,5 +1,5 @@
-"""The course's GPU performance targets, and the measurements that separate issue 18's
-hypotheses: one part of the benchmark ``python -m kernels.bench`` (lesson 10).
+"""The course's GPU performance targets, and the measurements that separate the hypotheses
+for a slow W4A16 decode: one part of the benchmark ``python -m kernels.bench`` (lesson 10).
 
 ``evaluate_targets`` reads a run's rows against each target (value and met, null when this
 machine cannot measure it) and ``targets_table`` prints them; ``separating_measurements``
@@ -82,7 +82,7 @@ def targets_table(result: dict) -> str:
 # ------------------------------------------------------------------ separating measurements
 
 def separating_measurements(shapes=((4096, 4096), (8192, 28672)), log=print) -> dict:
-    """The measurements that separate the hypotheses of issue 18 (GPU only; CUDA graphs):
+    """The measurements that separate the slow-decode hypotheses (GPU only; CUDA graphs):
 
     * W8A16 at batch 1 through the tensor-core kernel against the CUDA-core GEMV on the same
       bytes (pipelining and tensor cores, or the dequantization maths?);

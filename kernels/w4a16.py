@@ -48,7 +48,7 @@ into floats with the same bit trick, multiplies by the scale, and feeds them to 
 
 The GEMV and that GEMM are the first version, kept as the teaching steps (lesson 09): the
 GEMV relayouts x with 8-10 torch ops every call and has no software pipelining, the GEMM
-dequantizes in fp32. The default at every batch is ``w4a16_dot_kernel`` (issue 18):
+dequantizes in fp32. The default at every batch is ``w4a16_dot_kernel`` (lesson 10):
 
 * **one launch per call**: x is read as it is, y written once in x's dtype; the weight is
   permuted once, when it is made (``dequant16.prepack``: byte c of a group holds codes c
