@@ -26,7 +26,8 @@ inputs, a plain-torch reference and a benchmark.
 - ``kernels.compile_check`` ``python -m kernels.compile_check``: compile every kernel for
   sm_75 ... sm_120 without a GPU and read the compiled code (instructions per weight byte,
   shared memory, tensor-core instruction)
-- ``kernels/gpu_check.sh``  on a GPU machine: the kernel tests natively, then the benchmark
+- ``kernels/gpu_check.sh``  on a GPU machine, in parts of under 8 minutes each (``--part tests``,
+  ``compile``, ``bench``, ``notebooks``): everything it writes goes under ``$OUT``
 
 A new kernel file registers itself with one line in ``compile_check.KERNEL_MODULES`` (it
 provides ``compile_jobs``) and one in ``bench.GPU_KERNEL_MODULES`` (``bench_backends``).

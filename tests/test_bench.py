@@ -378,16 +378,6 @@ def test_results_say_what_each_timing_field_means():
     assert result["read_bandwidth_gbps"] > 0
 
 
-def test_gpu_check_script_reports_every_failure_and_still_benchmarks():
-    from pathlib import Path
-    text = (Path(kbench.ROOT) / "kernels" / "gpu_check.sh").read_text()
-    import re
-    assert "set -e" not in text                                   # no stop at the first failure
-    assert not re.search(r"-m pytest[^\n]*\s-x\b", text)
-    assert text.index("tests_rc=$?") < text.index("-m kernels.bench")
-    assert "test_kernels_configs.py" in text and "python3" in text and "has nbval" in text
-
-
 # ---- bad input: every public function says what it wanted ---------------------------------
 
 NAN, INF = float("nan"), float("inf")

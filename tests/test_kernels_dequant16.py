@@ -9,6 +9,7 @@ import triton.language as tl
 
 from course_lib import quant
 from kernels import dequant16
+from kernels._common import on_gpu
 
 
 def _every_code_everywhere(G: int, symmetric: bool) -> torch.Tensor:
@@ -88,12 +89,13 @@ def _dequant_kernel(p_ptr, lo_ptr, hi_ptr, C: tl.constexpr, W_DTYPE: tl.constexp
 def test_pure_triton_path_gives_the_assembly_bits(dtype):
     """Every byte value through the pure-Triton path (the interpreter) equals the NumPy
     model of the assembly, bit for bit (16-bit patterns compared)."""
-    p = torch.arange(256, dtype=torch.uint8)
-    lo, hi = torch.empty(256, dtype=dtype), torch.empty(256, dtype=dtype)
+    dev = "cuda" if on_gpu() else "cpu"                  # native on a GPU, the interpreter here
+    p = torch.arange(256, dtype=torch.uint8, device=dev)
+    lo, hi = torch.empty(256, dtype=dtype, device=dev), torch.empty(256, dtype=dtype, device=dev)
     _dequant_kernel[(1,)](p, lo, hi, 256, tl.float16 if dtype == torch.float16 else tl.bfloat16)
     name = "float16" if dtype == torch.float16 else "bfloat16"
-    elo, ehi = dequant16.emulate_asm(p.numpy().view(np.uint32), name)       # (64, 4) each
-    for got, want in ((lo, elo), (hi, ehi)):
+    elo, ehi = dequant16.emulate_asm(p.cpu().numpy().view(np.uint32), name)  # (64, 4) each
+    for got, want in ((lo.cpu(), elo), (hi.cpu(), ehi)):
         want16 = torch.tensor(want.reshape(-1), dtype=torch.float64).to(dtype)
         assert torch.equal(got.view(torch.int16), want16.view(torch.int16))
 

@@ -38,6 +38,29 @@ def test_matches_reference(M, N, K, G, symmetric, dtype):
     assert res, str(res)
 
 
+# fp16 activations take the fp16 dequantization (the inline PTX _ASM_F16 on a GPU, the
+# pure-Triton path here): a few shapes on a CPU, the real layer shapes on a GPU.
+FP16_SHAPES = [(1, 33, 64, 32), (5, 31, 96, 32), (16, 65, 128, 128)] + SHAPES[8:]
+
+
+@pytest.mark.parametrize("M,N,K,G", FP16_SHAPES)
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_matches_reference_fp16(M, N, K, G, symmetric):
+    x, wt, _ = _case(M, N, K, G, torch.float16, symmetric)
+    rtol, atol = TOL[torch.float16]
+    res = cmp("w4a16 fp16", w4a16_reference(x, wt), w4a16_linear(x, wt), rtol=rtol, atol=atol)
+    assert res, str(res)
+
+
+@pytest.mark.skipif(not on_gpu(), reason="the inline assembly runs only on a GPU (sm_80+); "
+                                          "tests/test_ptx_interp.py runs it on a CPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_inline_assembly_and_pure_triton_paths_agree_bit_for_bit(dtype, symmetric):
+    x, wt, _ = _case(4, 4096, 4096, 128, dtype, symmetric, seed=5)
+    assert torch.equal(w4a16_linear(x, wt, asm=True), w4a16_linear(x, wt, asm=False))
+
+
 GEMV = dict(kernel="gemv")
 
 
