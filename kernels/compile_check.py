@@ -20,6 +20,13 @@ compiled code:
   (``issue_budget``): a kernel above that is instruction-bound, not memory-bound;
   Int-to-float conversions (``cvt.rn.f32.s32``) are counted apart: a GPU issues them at
   a fraction of the FP32 rate (16 against 128 per clock and SM on Hopper and Ampere);
+* **the pipes** (``pipe_report``): the SASS main loop's instructions sorted into the pipes
+  that execute them (``course_lib.hardware.sass_pipe``: integer/logic, FP32, packed FP16,
+  conversions; tensor-core, memory and control instructions cost only their issue slot),
+  per weight byte, and read against ``REPORT_GPU[arch]`` with ``hardware.issue_model``: an
+  SM issues 128 lane-instructions a clock but runs integer and logic ones at 64 (sm_80-90),
+  so the dequantization's LOP3/PRMT/SHF/IMAD cost twice their issue slot. The report gives
+  the pipe-weighted cost, the bottleneck and the share of read bandwidth it allows;
 * **matrix instruction**: which tensor-core instruction ``tl.dot`` became (``wgmma`` with
   e4m3 operands is FP8 maths on Hopper; ``mma.sync`` with f16 operands is not);
 * **registers and spills** (``cuobjdump --dump-resource-usage``; spills go to local memory).
@@ -194,6 +201,36 @@ def resource_usage(cubin: bytes) -> dict:
     return {"regs": int(m_reg.group(1)), "local_bytes": int(m_loc.group(1)) if m_loc else 0}
 
 
+# ---------------------------------------------------------------------------- the pipes
+
+# The GPU each architecture's report is read against: its SMs, clock and bandwidth.
+REPORT_GPU = {75: "T4", 80: "A100 80GB", 89: "L40S", 90: "H200"}
+
+
+def pipe_report(sass: list[str], threads: int, weight_bytes: int, arch: int) -> dict | None:
+    """The main loop's lane-instructions per weight byte, per pipe, and what the issue model
+    of ``course_lib.hardware`` makes of them on ``REPORT_GPU[arch]`` (lessons 09-10).
+
+    A warp instruction counts 32 lane-instructions, so each SASS line is worth ``threads``
+    lane-instructions per loop trip; divided by the weight bytes of a trip. None for an
+    architecture without a report GPU.
+    """
+    from course_lib import hardware as hw
+
+    if arch not in REPORT_GPU:
+        return None
+    counts = Counter(hw.sass_pipe(y) for y in sass)
+    per_byte = {"total": len(sass) * threads / weight_bytes}
+    per_byte.update({p: counts.get(p, 0) * threads / weight_bytes for p in hw.SASS_PIPES})
+    gpu = hw.get_gpu(REPORT_GPU[arch])
+    model = hw.issue_model(per_byte, gpu.compute_capability, gpu.sms, gpu.boost_clock_ghz,
+                           gpu.bandwidth_tbps)
+    return {"gpu": gpu.name, "per_weight_byte": {k: round(v, 2) for k, v in per_byte.items()},
+            "budget": round(model["budget"], 2), "pipe_weighted": round(model["pipe_weighted"], 2),
+            "bottleneck": model["bottleneck"],
+            "bandwidth_fraction": round(model["bandwidth_fraction"], 3)}
+
+
 # ---------------------------------------------------------------------------- compile
 
 def compile_job(job, arch: int):
@@ -265,10 +302,19 @@ def check(archs=ARCHS, all_configs: bool = False, report: bool = False, only=Non
                         rec.update(sass_instructions_per_weight_byte=round(per_sass, 2),
                                    sass_cp_async_in_loop=any("LDGSTS" in y for y in sass),
                                    sass_int_to_float_in_loop=sum(
-                                       1 for y in sass if y.split()[0].startswith("I2F")))
+                                       1 for y in sass if y.split()[0].startswith("I2F")),
+                                   sass_loop_opcodes=dict(Counter(
+                                       y.split()[0].split(".")[0] for y in sass).most_common(12)))
                         extra += (f" (SASS {per_sass:.2f}, cp.async "
                                   f"{'yes' if rec['sass_cp_async_in_loop'] else 'no'}, I2F "
                                   f"{rec['sass_int_to_float_in_loop']})")
+                        model = pipe_report(sass, threads, job.weight_bytes_per_step, arch)
+                        if model:
+                            rec.update(pipes=model)
+                            extra += (f" pipes {model['per_weight_byte']} -> {model['gpu']}: "
+                                      f"{model['pipe_weighted']:.2f} pipe-weighted vs budget "
+                                      f"{model['budget']:.2f} ({model['bottleneck']}), "
+                                      f"{100 * model['bandwidth_fraction']:.0f}% of bandwidth")
                     rec.update(resource_usage(k.asm["cubin"]))
                     if "regs" in rec:
                         extra += f" regs {rec['regs']} spill {rec['local_bytes']} B"

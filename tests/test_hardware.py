@@ -369,3 +369,53 @@ def test_t4_and_what_the_course_kernels_support():
     from kernels import w8a8_int8
 
     assert tuple(w8a8_int8.INT8_MIN_CC) == hw.KERNEL_SUPPORT["int8_w8a8"]["course"]
+
+
+def test_sass_instructions_are_sorted_into_pipes():
+    assert hw.sass_pipe("LOP3.LUT R4, R2, 0xf000f, R5, 0xea, !PT") == "int"
+    assert hw.sass_pipe("PRMT R6, R2, 0x4140, RZ") == "int"
+    assert hw.sass_pipe("@P0 IMAD.WIDE R2, R3, 0x2, R4") == "int"
+    assert hw.sass_pipe("HFMA2 R8, R8, R9, R10") == "fp16x2"
+    assert hw.sass_pipe("FFMA R1, R2, R3, R1") == "fp32"
+    assert hw.sass_pipe("I2F.S8 R1, R2") == "conversion"
+    for free in ("HMMA.16816.F32.BF16 R4, R8, R12, R4", "LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64]",
+                 "LDSM.16.M88.4 R8, [R3]", "BRA 0x1230", "BAR.SYNC.DEFER_BLOCKING 0x0"):
+        assert hw.sass_pipe(free) is None, free
+    with pytest.raises(ValueError, match="one SASS instruction"):
+        hw.sass_pipe("  ")
+
+
+def test_pipe_rates_per_architecture():
+    assert hw.pipe_lanes_per_sm((9, 0)) == {"fp32": 128, "fp16x2": 128, "int": 64, "conversion": 16}
+    assert hw.pipe_lanes_per_sm((8, 0))["fp32"] == 64 and hw.pipe_lanes_per_sm((8, 6))["fp32"] == 128
+    assert hw.pipe_lanes_per_sm((10, 0)) == hw.pipe_lanes_per_sm((9, 0))      # closest older
+    with pytest.raises(ValueError, match="starts at 7.5"):
+        hw.pipe_lanes_per_sm((7, 0))
+
+
+def test_issue_model_finds_the_integer_pipe_limit_of_the_w4_loop():
+    """The W4A16 dot kernel's main loop under Triton 3.6 on sm_90 (SASS per trip: LOP3 128,
+    PRMT 67, SHF 64, IMAD 84, IADD3 18, HFMA2 128, HMMA 64, 697 in all; 128 threads; 16 KB
+    of weights a trip): 5.45 issue slots per byte, but 2.82 integer lane-instructions at half
+    the issue rate cost 5.64: the integer pipe, not the issue, is the limit."""
+    per = lambda n: n * 128 / 16384                                          # noqa: E731
+    per_byte = {"total": per(697), "int": per(128 + 67 + 64 + 84 + 18), "fp16x2": per(128)}
+    m = hw.issue_model(per_byte, (9, 0), 132, 1.98, 4.8)
+    assert m["bottleneck"] == "int"
+    assert m["pipe_weighted"] == pytest.approx(per(361) * 2) and m["pipe_weighted"] > per_byte["total"]
+    assert m["budget"] == pytest.approx(hw.gpu_issue_budget("H200"))
+    assert m["bandwidth_fraction"] == 1.0                                    # 5.64 <= 6.97
+    # on an A100 (64 FP32 lanes, the same 128 issue) the same loop is also integer-bound
+    a100 = hw.issue_model(per_byte, (8, 0), 108, 1.41, 2.039)
+    assert a100["bottleneck"] == "int" and a100["budget"] > m["budget"]
+    # twice the integer work: past the budget, the model allows a share of the bandwidth
+    m2 = hw.issue_model({**per_byte, "int": 2 * per_byte["int"]}, (9, 0), 132, 1.98, 4.8)
+    assert m2["bandwidth_fraction"] == pytest.approx(m2["budget"] / m2["pipe_weighted"])
+    assert m2["bandwidth_fraction"] < 1
+
+
+def test_issue_model_refuses_bad_input():
+    with pytest.raises(ValueError, match="total"):
+        hw.issue_model({"int": 1.0}, (9, 0), 132, 1.98, 4.8)
+    with pytest.raises(ValueError, match="per_byte\\['int'\\] must be zero or more"):
+        hw.issue_model({"total": 4.0, "int": -1.0}, (9, 0), 132, 1.98, 4.8)

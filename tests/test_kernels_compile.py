@@ -77,12 +77,20 @@ def test_decode_kernels_meet_the_instruction_and_latency_budgets(tmp_path):
         assert r["sass_cp_async_in_loop"], (r["arch"], r["name"])
         assert r["local_bytes"] == 0, (r["arch"], r["name"], "spills")
         assert r["rows"] == 16, r["constexprs"]
+        pipes = r["pipes"]                           # the per-pipe model on an A100 / H200
+        assert pipes["gpu"] == {80: "A100 80GB", 90: "H200"}[r["arch"]]
+        assert pipes["per_weight_byte"]["total"] == r["sass_instructions_per_weight_byte"]
         if r["name"].startswith("w4a16"):
             assert r["sass_int_to_float_in_loop"] == 0, (r["arch"], r["name"])
+            # the dequantization is integer work: on sm_90 the integer pipe (64 lanes a
+            # clock, half the issue rate) is the limit, not the issue itself
+            assert pipes["bottleneck"] == "int" and pipes["pipe_weighted"] > pipes["per_weight_byte"]["total"]
             if not r["constexprs"]["HAS_ZERO"]:
                 assert r["sass_instructions_per_weight_byte"] <= 5.5, r
+                assert pipes["pipe_weighted"] <= pipes["budget"], r
         else:
             assert r["sass_instructions_per_weight_byte"] <= 4.5, r
+            assert pipes["pipe_weighted"] <= pipes["budget"], r
     plans = rep["launch_plans"]
     assert {(p["name"], p["M"], p["K"], p["N"]) for p in plans} == {
         (n, m, k, nn) for n in ("w4a16_dot", "w8a16_dot") for m in (1, 16)
