@@ -4,8 +4,11 @@ What you will learn
 -------------------
 * Packing: two 4-bit codes share a byte (``course_lib.quant.pack_int4``): element 2i in the
   low nibble, 2i+1 in the high nibble. Four bytes make a 32-bit word holding 8 codes in
-  order, code j in bits 4j..4j+3 (the compressed-tensors ``pack-quantized`` layout). The
-  kernels load whole words and unpack them in registers.
+  order, code j in bits 4j..4j+3, each nibble a two's-complement code (-1 -> 0xF). That is
+  the nibble *order* of compressed-tensors' ``pack-quantized`` checkpoints, not their codes:
+  they store offset codes u = q + 8 (``course_lib.export.pack_int32``), which is also what
+  the dot kernel's layout holds (``kernels.dequant16.prepack``). The kernels load whole
+  words and unpack them in registers.
 * Cheap dequantization, the bit trick (Marlin does it with one LOP3 instruction): a float32
   whose bit pattern is ``0x4B000000 | u`` is exactly 2**23 + u for a small integer u, so
   ``((word >> 4j) & 0xF) | 0x4B000000`` reinterpreted as float, minus 2**23, is the code as

@@ -424,7 +424,7 @@ def _wrong_magic_fp16_constant_in_bf16(words, dtype=torch.bfloat16):
 
 
 def _wrong_magic_bf16_constant_in_fp16(words, dtype=torch.bfloat16):
-    """Used bf16's 0x4300 whatever the dtype: in an fp16 view those bits are 3.5 + u / 256."""
+    """Used bf16's 0x4300 whatever the dtype: in an fp16 view those bits are 3.5 + u / 512."""
     return _magic(words, dtype, magic=0x4300, bias=136.0 if dtype == torch.bfloat16 else 1032.0)
 
 
