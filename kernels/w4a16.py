@@ -341,6 +341,10 @@ _DOT_CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": bn, "GROUPS_PER_STEP": 
                 for bn, gps, w, st in [(256, 1, 4, 3), (128, 1, 4, 4), (128, 1, 2, 4),
                                        (64, 2, 4, 4), (32, 2, 4, 4)]]
 _DOT_DEFAULT = _DOT_CONFIGS[0]
+# fp32 activations at decode: BLOCK_N 256 needs 112 KB of shared memory (sm_86, compiled),
+# past the 99 KB of sm_86/89/120; 128 rows halve the weight and conversion buffers
+_DOT_FP32_DECODE = triton.Config({"BLOCK_M": 16, "BLOCK_N": 128, "GROUPS_PER_STEP": 1},
+                                 num_warps=4, num_stages=3)
 
 
 def _dot_step_bytes(c) -> int:
@@ -477,7 +481,8 @@ def _check_weight(wt: W4A16Weight) -> None:
 KERNELS = ("dot", "gemv", "gemm")   # w4a16_linear(kernel=...): the default, two teaching steps
 
 
-def dot_plan(M: int, N: int, K: int, group: int, sms: int | None = None) -> dict:
+def dot_plan(M: int, N: int, K: int, group: int, sms: int | None = None,
+             fp32: bool = False) -> dict:
     """Launch plan of ``w4a16_dot_kernel`` on a GPU: block sizes, K split, warps, stages.
 
     Decode (M <= 16) streams the weights once: each program keeps ``num_stages - 1`` steps
@@ -486,14 +491,17 @@ def dot_plan(M: int, N: int, K: int, group: int, sms: int | None = None) -> dict
     law: bandwidth x latency, about 36 KB per SM on an H200). When the output tiles alone
     are too few, K is split (the slices meet in a self-resetting fp32 workspace). Larger
     batches take wider M tiles and no split. ``kernels.compile_check`` reports the bytes in
-    flight per SM of this plan at the benchmark shapes.
+    flight per SM of this plan at the benchmark shapes. ``fp32``: x in float32, whose tiles
+    (and their fp32 copies for the dot) take four times the shared memory of the 16-bit ones:
+    the decode tile narrows to ``_DOT_FP32_DECODE`` (112 KB -> under 99 KB, the smallest limit
+    of a supported GPU, sm_86/89/120; ``compile_check`` checks every architecture).
     """
     sms = sms or num_sms()
     if M > 16:
         return dict(BLOCK_M=64 if M >= 64 else 32, BLOCK_N=64, GROUPS_PER_STEP=max(1, 128 // group),
                     SPLIT_K=1, num_warps=4, num_stages=3)
-    plan = {**_DOT_DEFAULT.kwargs, "num_warps": _DOT_DEFAULT.num_warps,
-            "num_stages": _DOT_DEFAULT.num_stages}
+    c = _DOT_FP32_DECODE if fp32 else _DOT_DEFAULT
+    plan = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
     steps = (K // group) // plan["GROUPS_PER_STEP"]  # loop trips without a split
     return {**plan, "SPLIT_K": split_k_for(triton.cdiv(N, plan["BLOCK_N"]), steps, sms)}
 
@@ -587,7 +595,7 @@ def _dot(x2, wt, scale, zero, block_n, split_k, block_k, config, asm) -> torch.T
     N, G = wt.N, wt.group_size
     packed = wt.kernel_layout()                                         # (N, K/2), made once
     if on_gpu():
-        plan = dot_plan(M, N, K, G)
+        plan = dot_plan(M, N, K, G, fp32=x2.dtype == torch.float32)
     else:                                     # the interpreter: small tiles, speed is moot
         plan = dict(BLOCK_M=16, BLOCK_N=16 if N <= 16 else 32, GROUPS_PER_STEP=1, SPLIT_K=1)
     if config is not None:
@@ -656,10 +664,22 @@ def compile_jobs(arch: int, all_configs: bool = False):
                 for split in (1, 4):
                     consts = dict(GROUP=group, HAS_ZERO=has_zero, SPLIT_K=split, W_DTYPE=w_dtype,
                                   USE_ASM=arch >= 80 and act != "*fp32", DOT_FP32=act == "*fp32")
+                    default = _DOT_FP32_DECODE if act == "*fp32" else _DOT_DEFAULT
                     jobs += config_jobs("w4a16_dot" + (" split-K" if split > 1 else ""),
-                                        w4a16_dot_kernel, dot_sig, consts, _DOT_CONFIGS,
-                                        _DOT_DEFAULT, all_configs, rows=lambda c: c["BLOCK_M"],
+                                        w4a16_dot_kernel, dot_sig, consts,
+                                        _DOT_CONFIGS + [_DOT_FP32_DECODE] * (act == "*fp32"),
+                                        default, all_configs, rows=lambda c: c["BLOCK_M"],
                                         weight_bytes_per_step=_dot_step_bytes)
+                if not all_configs and act != "*fp32" and not has_zero:
+                    # fp32 x at decode takes its own tile (a default path): fit it everywhere
+                    fsig = dict(dot_sig, x_ptr="*fp32", y_ptr="*fp32")
+                    c = _DOT_FP32_DECODE
+                    jobs.append(CompileJob(
+                        "w4a16_dot fp32-x", w4a16_dot_kernel, fsig,
+                        dict(GROUP=group, HAS_ZERO=False, SPLIT_K=1, W_DTYPE=tl.float16,
+                             USE_ASM=False, DOT_FP32=True, **c.kwargs),
+                        c.num_warps, c.num_stages, rows=16, default=True,
+                        weight_bytes_per_step=_dot_step_bytes({**c.kwargs, "GROUP": group})))
                 if not all_configs:              # the plan's tile for batches above 16
                     p = dot_plan(64, 4096, 4096, group, sms=132)
                     jobs.append(CompileJob(

@@ -161,6 +161,10 @@ _GEMM_DEFAULT = triton.Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128}, nu
 # KB of shared memory, so sm_75 (64 KB) keeps the GEMM default
 _DECODE_DEFAULT = triton.Config({"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 256}, num_warps=4,
                                 num_stages=3)
+# fp32 activations: that tile needs 224 KB of shared memory (compiled for sm_86), past the
+# A100's 163 KB and the 99 KB of sm_86/89/120; a quarter of the K step fits all of them
+_DECODE_FP32 = triton.Config({"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64}, num_warps=4,
+                             num_stages=3)
 # Split-K programs add into y: autotuning must leave it zero for the real call
 # (reset before each trial, restored after: safe across Triton versions).
 if INTERPRET:
@@ -171,12 +175,13 @@ else:
     _gemm = triton.autotune(_GEMM_CONFIGS, key=["M", "N", "K"])(w8a16_gemm_kernel)
 
 
-def dot_plan(M: int, N: int, K: int, sms: int | None = None) -> dict:
+def dot_plan(M: int, N: int, K: int, sms: int | None = None, fp32: bool = False) -> dict:
     """Launch plan of ``w8a16_gemm_kernel`` at decode sizes (M <= 16) on a GPU: 16-row
-    tiles, 4 pipeline stages, and K split until the grid has about two programs per SM
-    (``kernels.compile_check`` reports the bytes in flight per SM this gives)."""
+    tiles, 3 pipeline stages, and K split until the grid has about two programs per SM
+    (``kernels.compile_check`` reports the bytes in flight per SM this gives). ``fp32``: x
+    in float32 takes ``_DECODE_FP32``, whose shared memory fits every supported GPU."""
     sm80 = not on_gpu() or torch.cuda.get_device_capability(0) >= (8, 0)
-    c = _DECODE_DEFAULT if sm80 else _GEMM_DEFAULT
+    c = (_DECODE_FP32 if fp32 else _DECODE_DEFAULT) if sm80 else _GEMM_DEFAULT
     steps = triton.cdiv(K, c.kwargs["BLOCK_K"])
     split = split_k_for(triton.cdiv(N, c.kwargs["BLOCK_N"]), steps, sms or num_sms())
     return {**c.kwargs, "SPLIT_K": split, "num_warps": c.num_warps, "num_stages": c.num_stages}
@@ -244,7 +249,7 @@ def w8a16_linear(x: torch.Tensor, w_q: torch.Tensor, scale: torch.Tensor, *,
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)                   # (M, N), once
     interp = {"BLOCK_M": pow2_at_least(M, 16, 32), "BLOCK_N": block_n or 32, "BLOCK_K": 32}
     if on_gpu() and M <= 16 and config is None:      # decode: the plan, not the autotuner
-        kern, meta = w8a16_gemm_kernel, dot_plan(M, N, K)
+        kern, meta = w8a16_gemm_kernel, dot_plan(M, N, K, fp32=x.dtype == torch.float32)
     else:
         kern, meta = choose(_gemm, w8a16_gemm_kernel, _GEMM_DEFAULT, interp, config)
         meta = {**meta, "SPLIT_K": 1}
@@ -283,12 +288,20 @@ def compile_jobs(arch: int, all_configs: bool = False):
                         cnt_ptr="*i32", M="i32", N="i32", K="i32", stride_xm="i32",
                         stride_wn="i32", stride_ym="i32")
         if arch >= 80:                       # the decode plan's tile, alone and split along K
+            tile = _DECODE_FP32 if act == "*fp32" else _DECODE_DEFAULT
             for split in (1, 4):
                 jobs += config_jobs("w8a16_dot" + (" split-K" if split > 1 else ""),
                                     w8a16_gemm_kernel, gemm_sig,
                                     dict(DOT_FP32=act == "*fp32", SPLIT_K=split),
-                                    [_DECODE_DEFAULT], _DECODE_DEFAULT, False,
+                                    [tile], tile, False,
                                     rows=lambda c: c["BLOCK_M"],
+                                    weight_bytes_per_step=lambda c: c["BLOCK_N"] * c["BLOCK_K"])
+            if act != "*fp32" and not all_configs:
+                # fp32 x at decode takes its own tile (a default path): fit it everywhere
+                jobs += config_jobs("w8a16_dot fp32-x", w8a16_gemm_kernel,
+                                    dict(gemm_sig, x_ptr="*fp32", y_ptr="*fp32"),
+                                    dict(DOT_FP32=True, SPLIT_K=1), [_DECODE_FP32], _DECODE_FP32,
+                                    False, rows=lambda c: c["BLOCK_M"],
                                     weight_bytes_per_step=lambda c: c["BLOCK_N"] * c["BLOCK_K"])
         jobs += config_jobs("w8a16_gemm", w8a16_gemm_kernel, gemm_sig, dict(DOT_FP32=act == "*fp32", SPLIT_K=1),
                             _GEMM_CONFIGS, _GEMM_DEFAULT, all_configs,

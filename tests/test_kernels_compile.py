@@ -71,6 +71,9 @@ def test_decode_kernels_meet_the_instruction_and_latency_budgets(tmp_path):
     assert proc.returncode == 0, out[-4000:]
     rep = json.loads(path.read_text())
     recs = [r for r in rep["records"] if r["default"] and r["compiled"]]
+    fp32_x = [r for r in recs if r["name"].endswith("fp32-x")]        # must fit, need not be fast
+    assert len(fp32_x) == 4 and all(r["shared_fits"] for r in fp32_x)
+    recs = [r for r in recs if r not in fp32_x]
     assert {(r["arch"], r["name"]) for r in recs} >= {
         (a, n) for a in (80, 90) for n in ("w4a16_dot", "w8a16_dot", "w4a16_dot split-K")}
     for r in recs:
@@ -159,3 +162,16 @@ def test_registry_is_one_line_per_kernel_file():
     block = src[src.index("KERNEL_MODULES = ["):src.index("]", src.index("KERNEL_MODULES = ["))]
     assert [l.strip() for l in block.splitlines()[1:]] == [f'"{m}",' for m in cc.KERNEL_MODULES]
     assert cc.SHARED_LIMIT[86] == cc.SHARED_LIMIT[89] == cc.SHARED_LIMIT[120] == 99 * 1024
+
+
+def test_fp32_activations_take_a_decode_tile_that_fits_every_gpu():
+    """x in float32 at decode: the 16-bit tiles need 224 KB (W8A16) and 112 KB (W4A16) of
+    shared memory, past an A100's 163 KB or an L4's 99 KB; the plans switch to smaller tiles,
+    which compile_check compiles for every architecture as default paths."""
+    from kernels import w4a16, w8a16
+    p8 = w8a16.dot_plan(1, 4096, 4096, sms=132, fp32=True)
+    assert p8["BLOCK_K"] == w8a16._DECODE_FP32.kwargs["BLOCK_K"] < w8a16._DECODE_DEFAULT.kwargs["BLOCK_K"]
+    p4 = w4a16.dot_plan(1, 4096, 4096, 128, sms=132, fp32=True)
+    assert p4["BLOCK_N"] == w4a16._DOT_FP32_DECODE.kwargs["BLOCK_N"] < w4a16._DOT_DEFAULT.kwargs["BLOCK_N"]
+    names = {j.name for j in w8a16.compile_jobs(86) + w4a16.compile_jobs(86) if j.default}
+    assert {"w8a16_dot fp32-x", "w4a16_dot fp32-x"} <= names
