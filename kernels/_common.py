@@ -223,13 +223,45 @@ def config_jobs(name, kernel, signature, constexprs, configs, default, all_confi
 
 # ---------------------------------------------------------------------------- split-K
 
-def split_k_for(tiles: int, steps: int, sms: int) -> int:
-    """K slices per output tile so that the grid has about two programs per SM (each SM
-    then keeps two programs' pipelined loads in flight), keeping >= 2 loop trips a slice."""
-    split = 1
-    while tiles * split < 2 * sms and steps // (2 * split) >= 2:
-        split *= 2
-    return split
+def split_plan(tiles: int, steps: int, sms: int, depth: int, programs_per_sm: int = 2) -> dict:
+    """How many K slices per output tile: the rule of lessons 09-10, as a score.
+
+    A decode kernel streams its weights once, so it wants (a) every SM busy: the grid of
+    ``tiles x split`` programs fills ``sms x programs_per_sm`` slots, and a last wave that is
+    half empty wastes half a wave; and (b) every program in a steady state: its pipeline keeps
+    ``depth`` (= num_stages - 1) steps loading ahead, so the first ``depth`` of its ``trips``
+    loop trips only fill the pipe. The rule: a slice keeps at least ``2 x depth`` trips;
+    among the power-of-two splits that do, take the one with the best
+    ``busy x steady x even`` (busy = programs / (waves x slots), steady = (trips - depth) /
+    trips, even = steps / (split x trips)); ties go to fewer slices (less reduction work).
+    Returns the split and each factor (``kernels.compile_check`` records them).
+    """
+    for name, v in (("tiles", tiles), ("steps", steps), ("sms", sms), ("depth", depth),
+                    ("programs_per_sm", programs_per_sm)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
+    slots = sms * programs_per_sm
+
+    def factors(split: int) -> dict:
+        trips = math.ceil(steps / split)
+        programs = tiles * split
+        waves = math.ceil(programs / slots)
+        busy, steady, even = programs / (waves * slots), (trips - depth) / trips, steps / (split * trips)
+        return dict(SPLIT_K=split, trips=trips, programs=programs, waves=round(programs / slots, 2),
+                    busy=round(busy, 3), steady=round(max(steady, 0.0), 3), even=round(even, 3),
+                    score=round(busy * max(steady, 0.0) * even, 4))
+
+    candidates = [1 << i for i in range(int(math.log2(steps)) + 1)
+                  if math.ceil(steps / (1 << i)) >= 2 * depth]
+    if not candidates:                          # too few steps for any steady state: no split
+        return factors(1)
+    return max((factors(s) for s in candidates), key=lambda f: (f["score"], -f["SPLIT_K"]))
+
+
+def split_k_for(tiles: int, steps: int, sms: int, depth: int = 2) -> int:
+    """K slices per output tile by ``split_plan``'s rule (each slice keeps >= 2 x depth loop
+    trips; whole waves of about two programs per SM)."""
+    return split_plan(tiles, steps, sms, depth)["SPLIT_K"]
 
 
 _WORKSPACES: dict = {}

@@ -330,6 +330,9 @@ def check(archs=ARCHS, all_configs: bool = False, report: bool = False, only=Non
 
 # (K in, N out) of the benchmark's layers: an 8B model's MLP up-projection and attention
 BENCH_SHAPES = ((8192, 28672), (4096, 4096))
+# every Llama-3.1 8B and 70B layer shape the benchmark times: the split rule's test bed (M = 1)
+LLAMA_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096), (4096, 1024), (8192, 8192),
+                (8192, 28672))
 
 
 def plan_jobs(arch: int, M: int, K: int, N: int, sms: int):
@@ -339,19 +342,24 @@ def plan_jobs(arch: int, M: int, K: int, N: int, sms: int):
     from kernels import w4a16, w8a16
     from kernels._common import CompileJob
 
+    from kernels._common import split_plan
+
     out = []
     p = w4a16.dot_plan(M, N, K, 128, sms=sms)
     consts = {k: v for k, v in p.items() if k not in ("num_warps", "num_stages")}
     sig = next(j for j in w4a16.compile_jobs(arch) if j.name == "w4a16_dot").signature
     consts.update(GROUP=128, HAS_ZERO=False, W_DTYPE=tl.bfloat16, USE_ASM=arch >= 80,
                   DOT_FP32=False)
+    steps = (K // 128) // p["GROUPS_PER_STEP"]
+    p = {**p, "rule": split_plan(-(-N // p["BLOCK_N"]), steps, sms, p["num_stages"] - 1)}
     out.append(("w4a16_dot", CompileJob("w4a16_dot", w4a16.w4a16_dot_kernel, sig, consts,
                                         p["num_warps"], p["num_stages"],
                                         weight_bytes_per_step=p["BLOCK_N"] * 64 *
-                                        p["GROUPS_PER_STEP"]), p,
-                (K // 128) // p["GROUPS_PER_STEP"]))
+                                        p["GROUPS_PER_STEP"]), p, steps))
     p8 = w8a16.dot_plan(M, N, K, sms=sms)
     consts = {k: v for k, v in p8.items() if k not in ("num_warps", "num_stages")}
+    p8 = {**p8, "rule": split_plan(-(-N // p8["BLOCK_N"]), -(-K // p8["BLOCK_K"]), sms,
+                                   p8["num_stages"] - 1)}
     sig = next(j for j in w8a16.compile_jobs(arch) if j.name == "w8a16_gemm").signature
     consts.update(DOT_FP32=False)
     out.append(("w8a16_dot", CompileJob("w8a16_dot", w8a16.w8a16_gemm_kernel, sig, consts,
@@ -382,27 +390,33 @@ def bytes_in_flight(plan: dict, N: int, M: int, trips: int, step_bytes: int, sha
 
 
 def plan_report(arch: int = 90, sms: int = 132, log=print) -> list[dict]:
-    """Bytes of weights in flight per SM of the decode plans at the benchmark shapes (an
-    H200/H100 has 132 SMs; the target is >= 32 KB, about bandwidth x latency per SM)."""
+    """The decode plans at the benchmark shapes (M = 1 and 16) and every Llama 8B/70B layer
+    shape (M = 1): the split rule's factors (``kernels._common.split_plan``), the waves, the
+    trips per program and the bytes of weights in flight per SM (an H200/H100 has 132 SMs;
+    the target is >= 32 KB, about bandwidth x latency per SM)."""
     records, cache = [], {}
-    for K, N in BENCH_SHAPES:
-        for M in (1, 16):
-            for name, job, plan, trips in plan_jobs(arch, M, K, N, sms):
-                key = (name, tuple(sorted(job.constexprs.items(), key=str)), job.num_warps,
-                       job.num_stages)
-                if key not in cache:
-                    k = compile_job(job, arch)
-                    cache[key] = (int(k.metadata.shared), resource_usage(k.asm["cubin"]).get("regs", 0))
-                shared, regs = cache[key]
-                rec = dict(arch=arch, sms=sms, name=name, M=M, K=K, N=N, plan=plan,
-                           shared_bytes=shared, regs=regs,
-                           **bytes_in_flight(plan, N, M, trips, job.weight_bytes_per_step,
-                                             shared, regs, sms, arch))
-                records.append(rec)
-                log(f"plan sm_{arch} {name:10s} M={M:2d} {K}x{N}: BLOCK_N={plan['BLOCK_N']} "
-                    f"split-K {plan['SPLIT_K']}, {rec['programs']} programs, "
-                    f"{rec['steps_ahead']} steps x {rec['step_bytes'] // 1024} KB ahead: "
-                    f"{rec['bytes_in_flight_per_sm'] / 1024:.0f} KB in flight per SM")
+    shapes = [(K, N, M) for K, N in BENCH_SHAPES for M in (1, 16)]
+    shapes += [(K, N, 1) for K, N in LLAMA_SHAPES if (K, N) not in BENCH_SHAPES]
+    for K, N, M in shapes:
+        for name, job, plan, trips in plan_jobs(arch, M, K, N, sms):
+            key = (name, tuple(sorted(job.constexprs.items(), key=str)), job.num_warps,
+                   job.num_stages)
+            if key not in cache:
+                k = compile_job(job, arch)
+                cache[key] = (int(k.metadata.shared), resource_usage(k.asm["cubin"]).get("regs", 0))
+            shared, regs = cache[key]
+            rec = dict(arch=arch, sms=sms, name=name, M=M, K=K, N=N, plan=plan,
+                       shared_bytes=shared, regs=regs,
+                       **bytes_in_flight(plan, N, M, trips, job.weight_bytes_per_step,
+                                         shared, regs, sms, arch))
+            records.append(rec)
+            r = plan["rule"]
+            log(f"plan sm_{arch} {name:10s} M={M:2d} {K}x{N}: BLOCK_N={plan['BLOCK_N']} "
+                f"split-K {plan['SPLIT_K']}, {rec['programs']} programs "
+                f"({r['waves']} waves of 2 per SM), {r['trips']} trips each, "
+                f"{rec['steps_ahead']} steps x {rec['step_bytes'] // 1024} KB ahead: "
+                f"{rec['bytes_in_flight_per_sm'] / 1024:.0f} KB in flight per SM; rule: busy "
+                f"{r['busy']} x steady {r['steady']} x even {r['even']} = {r['score']}")
     return records
 
 

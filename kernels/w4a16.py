@@ -503,7 +503,8 @@ def dot_plan(M: int, N: int, K: int, group: int, sms: int | None = None,
     c = _DOT_FP32_DECODE if fp32 else _DOT_DEFAULT
     plan = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
     steps = (K // group) // plan["GROUPS_PER_STEP"]  # loop trips without a split
-    return {**plan, "SPLIT_K": split_k_for(triton.cdiv(N, plan["BLOCK_N"]), steps, sms)}
+    return {**plan, "SPLIT_K": split_k_for(triton.cdiv(N, plan["BLOCK_N"]), steps, sms,
+                                           plan["num_stages"] - 1)}
 
 
 def _which_kernel(kernel, force_gemm, config) -> str:

@@ -183,7 +183,8 @@ def dot_plan(M: int, N: int, K: int, sms: int | None = None, fp32: bool = False)
     sm80 = not on_gpu() or torch.cuda.get_device_capability(0) >= (8, 0)
     c = (_DECODE_FP32 if fp32 else _DECODE_DEFAULT) if sm80 else _GEMM_DEFAULT
     steps = triton.cdiv(K, c.kwargs["BLOCK_K"])
-    split = split_k_for(triton.cdiv(N, c.kwargs["BLOCK_N"]), steps, sms or num_sms())
+    split = split_k_for(triton.cdiv(N, c.kwargs["BLOCK_N"]), steps, sms or num_sms(),
+                        c.num_stages - 1)
     return {**c.kwargs, "SPLIT_K": split, "num_warps": c.num_warps, "num_stages": c.num_stages}
 
 

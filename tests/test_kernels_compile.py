@@ -97,10 +97,38 @@ def test_decode_kernels_meet_the_instruction_and_latency_budgets(tmp_path):
     plans = rep["launch_plans"]
     assert {(p["name"], p["M"], p["K"], p["N"]) for p in plans} == {
         (n, m, k, nn) for n in ("w4a16_dot", "w8a16_dot") for m in (1, 16)
-        for k, nn in cc.BENCH_SHAPES}
+        for k, nn in cc.BENCH_SHAPES} | {
+        (n, 1, k, nn) for n in ("w4a16_dot", "w8a16_dot") for k, nn in cc.LLAMA_SHAPES}
     for p in plans:
-        assert p["bytes_in_flight_per_sm"] >= 32 * 1024, p
-        assert p["steps_ahead"] >= 2, p
+        rule = p["plan"]["rule"]
+        assert rule["SPLIT_K"] == p["plan"]["SPLIT_K"] and rule["programs"] == p["programs"]
+        # the split rule: every program has a steady state (>= 2 x pipeline depth trips)
+        assert rule["trips"] >= 2 * p["steps_ahead"] and p["steps_ahead"] == 2, p
+        # and keeps >= 32 KB in flight per SM, or half of the layer's weights per SM where
+        # the whole layer is that small (4096 x 4096 at 4 bits is 62 KB per SM in all)
+        layer_per_sm = p["K"] * p["N"] * (0.5 if p["name"] == "w4a16_dot" else 1) / p["sms"]
+        assert p["bytes_in_flight_per_sm"] >= min(32 * 1024, 0.49 * layer_per_sm), p
+    by = {(p["name"], p["K"], p["N"]): p for p in plans if p["M"] == 1}
+    # the plans the rule picks on an H200: a whole wave, or as much of one as the tiles allow
+    assert by[("w4a16_dot", 8192, 28672)]["plan"]["SPLIT_K"] == 2         # 224 programs, 1 wave
+    assert by[("w4a16_dot", 4096, 4096)]["plan"]["SPLIT_K"] == 8          # 4 trips, not 2
+    assert by[("w8a16_dot", 8192, 28672)]["plan"]["SPLIT_K"] == 1
+
+
+def test_split_rule_scores_waves_and_steady_state():
+    from kernels._common import split_plan
+    # 112 tiles, 64 steps, depth 2 on 132 SMs (264 slots): split 4 gives 448 programs in 1.7
+    # waves (the second one 70% empty); split 2 gives 224 in one wave with 32 trips each
+    r = split_plan(112, 64, 132, 2)
+    assert r["SPLIT_K"] == 2 and r["waves"] == 0.85 and r["trips"] == 32
+    four = 448 / 528 * (16 - 2) / 16
+    assert r["score"] > four
+    # 16 tiles, 32 steps: split 16 would leave 2 trips, all pipeline fill: the rule stops at 8
+    assert split_plan(16, 32, 132, 2)["SPLIT_K"] == 8
+    # too few steps for a steady state at all: no split
+    assert split_plan(4, 3, 132, 2) == {**split_plan(4, 3, 132, 2), "SPLIT_K": 1}
+    with pytest.raises(ValueError, match="depth must be a whole number >= 1"):
+        split_plan(16, 32, 132, 0)
 
 
 def test_bytes_in_flight_counts_idle_sms_and_the_pipeline_depth():
