@@ -11,6 +11,9 @@ function here says so in one line when it is missing. What lesson 13 does with i
 - :func:`quantize_file`: llama.cpp's own quantizer (``llama_model_quantize``), to check the
   course's GGUF writer byte for byte and to show the double-quantization trap;
 - :func:`decode_speed`: greedy decoding tokens/s, several runs, median and spread;
+- :func:`speed_limits`: decode speed against its two limits measured here: memory (read
+  bandwidth / bytes per token) and compute (:func:`prefill_speed`, the engine's arithmetic
+  for a token when bytes are free), at 1 and 2 threads;
 - :func:`bytes_per_token` and :func:`predicted_tokens_per_s`: lesson 00's prediction of the
   decode speed from the bytes each token reads and the measured memory bandwidth.
 
@@ -230,6 +233,96 @@ def decode_speed(model, prompt_ids, new_tokens: int = 32, runs: int = 3,
     return {"tokens_per_s": samples, "median": statistics.median(samples),
             "min": min(samples), "max": max(samples), "threads": threads,
             "new_tokens": new_tokens, "runs": runs}
+
+
+def set_threads(model, threads: int) -> None:
+    """Change a loaded engine's thread count (decoding and batches) in place (lesson 13)."""
+    llama_cpp = require()
+    threads = _threads(threads)
+    llama_cpp.llama_set_n_threads(model._ctx.ctx, threads, threads)
+    model.n_threads = model.n_threads_batch = threads
+
+
+def prefill_speed(model, prompt_ids, runs: int = 2, threads: int | None = None) -> float:
+    """Tokens/s of evaluating ``prompt_ids`` in one batch, the best of ``runs`` (lesson 13).
+
+    A batch reads every weight once for all its tokens, so bytes stop being the limit: this
+    is the rate at which the engine's kernels do one token's arithmetic on this machine, the
+    *compute ceiling* of decoding (decoding one token at a time cannot be faster than that,
+    and is slower where it waits for memory).
+    """
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise ValueError(f"runs must be a whole number >= 1; got {runs!r}")
+    toks = _ids(prompt_ids)
+    if len(toks) < 16:
+        raise ValueError(f"a prefill of {len(toks)} tokens measures launch costs, not "
+                         "arithmetic: give at least 16 prompt tokens (lesson 13 uses 128)")
+    llm = _as_llm(model, 512, threads)
+    if len(toks) > llm.n_ctx():
+        raise ValueError(f"the prompt ({len(toks)} tokens) exceeds the context of {llm.n_ctx()}")
+    best = 0.0
+    for _ in range(runs):
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(toks)
+        best = max(best, len(toks) / (time.perf_counter() - t0))
+    return best
+
+
+def speed_limits(models: dict, files: dict, threads=(1, 2), new_tokens: int = 48,
+                 runs: int = 3, prompt_tokens: int = 128, progress=None) -> dict:
+    """Decode speed against its two limits, all measured on this machine (lesson 13).
+
+    For each thread count T: the read bandwidth with T threads (``course_lib.bandwidth``),
+    then for every file (loaded engines in ``models``, paths in ``files``, same keys) the
+    decode tokens/s (``runs`` rounds, the files taking turns, so a busy moment of the machine
+    hits them all alike) and the prefill tokens/s of a ``prompt_tokens`` prompt. Two limits:
+
+    * **memory**: read bandwidth / bytes per token (lesson 00's rule);
+    * **compute**: the prefill rate, the engine's arithmetic for one token when bytes are free.
+
+    Decoding can beat neither; ``limit`` names the lower one. ``progress``: a callable given
+    one line per step (``tqdm.write`` in the notebook), or None.
+    """
+    from course_lib import bandwidth, smollm
+
+    if set(models) != set(files):
+        raise ValueError(f"models and files must have the same keys; got {sorted(models)} "
+                         f"and {sorted(files)}")
+    threads = [_threads(t) for t in threads]
+    say = progress or (lambda line: None)
+    prompt = smollm.tokenizer().encode("The capital of France is")
+    prefill_ids = smollm.eval_ids()[:prompt_tokens]
+    out = {"threads": threads, "new_tokens": new_tokens, "runs": runs,
+           "prompt_tokens": prompt_tokens, "bandwidth_gbps": {}, "rows": {}}
+    torch_threads = torch.get_num_threads()
+    for T in threads:
+        torch.set_num_threads(T)                 # the bandwidth the engine's T threads can pull
+        try:
+            bw = bandwidth.measure_read_bandwidth("cpu").median_gbps
+        finally:
+            torch.set_num_threads(torch_threads)
+        out["bandwidth_gbps"][T] = bw
+        say(f"{T} thread(s): read bandwidth {bw:.1f} GB/s")
+        for llm in models.values():
+            set_threads(llm, T)
+        samples = {n: [] for n in models}
+        for _ in range(runs):
+            for n, llm in models.items():
+                samples[n] += decode_speed(llm, prompt, new_tokens, 1, T)["tokens_per_s"]
+        for n, llm in models.items():
+            nbytes = bytes_per_token(files[n])
+            memory = predicted_tokens_per_s(nbytes, bw)
+            compute = prefill_speed(llm, prefill_ids, 2, T)
+            row = out["rows"].setdefault(n, {"bytes_per_token": nbytes})
+            row[T] = {"decode": samples[n], "median": statistics.median(samples[n]),
+                      "max": max(samples[n]), "min": min(samples[n]),
+                      "memory_limit": memory, "compute_limit": compute,
+                      "limit": "memory" if memory < compute else "compute"}
+            r = row[T]
+            say(f"  {n:10s} decode {r['median']:6.1f} tokens/s ({r['min']:.1f}-{r['max']:.1f}); "
+                f"limits: memory {memory:6.1f}, compute {compute:6.1f}")
+    return out
 
 
 def quantize_file(src, dst, fmt: str, allow_requantize: bool = False,

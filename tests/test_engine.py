@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib import engine, export, smollm
+from course_lib import device, engine, export, smollm
 from course_lib import eval as ceval
 from course_lib import gguf_model as gm
 
@@ -20,6 +20,7 @@ if not engine.available():
         raise RuntimeError("COURSE_REQUIRE_ENGINE is set but " + engine.skip_reason())
     pytest.skip(engine.skip_reason(), allow_module_level=True)
 
+device.ensure_triton_mode()   # before smollm.load imports triton (the bandwidth probe needs it)
 torch.set_num_threads(1)
 PROMPT = "The capital of France is"
 
@@ -121,6 +122,29 @@ def test_speed_and_prediction_helpers(files):
     n = engine.bytes_per_token(files["q4_0"])
     assert 0.25 * files["q4_0"].stat().st_size < n <= files["q4_0"].stat().st_size
     assert engine.predicted_tokens_per_s(1e9, 10.0) == pytest.approx(10.0)
+
+
+def test_speed_limits_measure_both_limits(files):
+    models = {k: engine.load(files[k], threads=1) for k in ("q8_0", "q4_0")}
+    lines = []
+    out = engine.speed_limits(models, {k: files[k] for k in models}, threads=(1,), new_tokens=4,
+                              runs=2, prompt_tokens=16, progress=lines.append)
+    assert out["threads"] == [1] and out["bandwidth_gbps"][1] > 0
+    for k in models:
+        row = out["rows"][k]
+        assert row["bytes_per_token"] == engine.bytes_per_token(files[k])
+        r = row[1]
+        assert len(r["decode"]) == 2 and r["min"] <= r["median"] <= r["max"]
+        assert r["memory_limit"] == pytest.approx(out["bandwidth_gbps"][1] * 1e9 / row["bytes_per_token"])
+        assert r["compute_limit"] > 0
+        assert r["limit"] == ("memory" if r["memory_limit"] < r["compute_limit"] else "compute")
+    assert len(lines) == 3 and "read bandwidth" in lines[0]
+    engine.set_threads(models["q4_0"], 2)
+    assert models["q4_0"].n_threads == 2
+    with pytest.raises(ValueError, match="at least 16 prompt tokens"):
+        engine.prefill_speed(models["q4_0"], [1, 2, 3])
+    with pytest.raises(ValueError, match="same keys"):
+        engine.speed_limits(models, {"q8_0": files["q8_0"]})
 
 
 def test_engine_refusals(files, tmp_path):
