@@ -305,8 +305,9 @@ def issue_budget(sms: int, clock_ghz: float, bandwidth_tbps: float, lanes_per_sm
     ``sms x lanes_per_sm x clock / bandwidth``.
 
     An H200: 132 x 128 x 1.98e9 / 4.8e12 -> 6.97. A kernel whose main loop needs more
-    instructions per weight byte than this cannot stream its weights at full bandwidth (and a
-    real kernel sustains about half of the issue rate).
+    instructions per weight byte than this cannot stream its weights at full bandwidth; and
+    since integer and logic instructions run at half the issue rate (``issue_model``), a
+    dequantizing loop can hit that limit first.
     """
     sms = _positive_int("sms", sms)
     lanes = _positive_int("lanes_per_sm", lanes_per_sm)
@@ -316,14 +317,16 @@ def issue_budget(sms: int, clock_ghz: float, bandwidth_tbps: float, lanes_per_sm
 
 
 def gpu_issue_budget(gpu, bandwidth_tbps: float | None = None) -> float:
-    """``issue_budget`` of a catalogue GPU (its SMs, boost clock, FP32 lanes per SM), at its
-    datasheet bandwidth or at ``bandwidth_tbps`` (a measured one). Lesson 10."""
+    """``issue_budget`` of a catalogue GPU (its SMs, boost clock and the issue rate of 128
+    lane-instructions per clock per SM), at its datasheet bandwidth or at ``bandwidth_tbps``
+    (a measured one). Lesson 10. (Not the FP32 lanes: an A100 has 64 of those per SM, but it
+    issues 128 lane-instructions a clock; ``issue_model`` weighs each pipe.)"""
     gpu = get_gpu(gpu)
     if gpu.sms is None or gpu.boost_clock_ghz is None or gpu.compute_capability is None:
         raise ValueError(f"the catalogue has no SM count, clock or CUDA compute capability for "
                          f"{gpu.name}; catalogued: {', '.join(n for n, g in GPUS.items() if g.sms)}")
     bw = gpu.bandwidth_tbps if bandwidth_tbps is None else bandwidth_tbps
-    return issue_budget(gpu.sms, gpu.boost_clock_ghz, bw, fp32_lanes_per_sm(gpu.compute_capability))
+    return issue_budget(gpu.sms, gpu.boost_clock_ghz, bw, ISSUE_LANES_PER_SM)
 
 
 # ---- the issue model per pipe (lessons 09-10) -------------------------------------------
@@ -417,8 +420,8 @@ def issue_model(per_byte: dict, compute_capability, sms: int, clock_ghz: float,
 def device_issue_budget(props, bandwidth_tbps: float) -> dict:
     """The issue budget of the GPU torch sees (lesson 10): SM count, compute capability and
     clock from ``torch.cuda.get_device_properties(0)`` (``clock_rate`` is in kHz; where torch
-    does not report it, the catalogue's boost clock), lanes per SM from the compute capability,
-    and the bandwidth you pass (measured, or the catalogue's). Returns the inputs and the budget.
+    does not report it, the catalogue's boost clock), the issue rate (128 lane-instructions per
+    clock per SM), and the bandwidth you pass (measured, or the catalogue's). Returns the inputs and the budget.
     """
     for attr in ("multi_processor_count", "major", "minor", "name"):
         if not hasattr(props, attr):
@@ -433,7 +436,7 @@ def device_issue_budget(props, bandwidth_tbps: float) -> dict:
             raise ValueError(f"torch reports no clock for {props.name} and the catalogue has no "
                              f"entry for it: pass a GPU from the catalogue to gpu_issue_budget")
         clock_ghz, source = gpu.boost_clock_ghz, f"catalogue ({gpu.name} boost clock)"
-    lanes = fp32_lanes_per_sm((props.major, props.minor))
+    lanes = ISSUE_LANES_PER_SM
     budget = issue_budget(props.multi_processor_count, clock_ghz, bandwidth_tbps, lanes)
     return {"sms": props.multi_processor_count, "clock_ghz": clock_ghz, "clock_source": source,
             "lanes_per_sm": lanes, "bandwidth_tbps": bandwidth_tbps, "budget": budget}

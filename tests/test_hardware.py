@@ -299,7 +299,8 @@ def test_issue_budget_from_the_catalogue():
     assert hw.gpu_issue_budget("H100") == pytest.approx(9.99, abs=0.01)
     # an A100 SM has 64 FP32 lanes, not 128 (CUDA programming guide, compute capability 8.0)
     assert hw.fp32_lanes_per_sm((8, 0)) == 64 and hw.fp32_lanes_per_sm((8, 6)) == 128
-    assert hw.gpu_issue_budget("A100") == pytest.approx(108 * 64 * 1.41e9 / 2.039e12)
+    # the issue rate (128 lane-instructions a clock per SM), not the A100's 64 FP32 lanes
+    assert hw.gpu_issue_budget("A100") == pytest.approx(108 * 128 * 1.41e9 / 2.039e12)
     # a measured bandwidth replaces the datasheet's: lower bandwidth, more instructions per byte
     assert hw.gpu_issue_budget("H200", 4.11) > hw.gpu_issue_budget("H200")
     assert hw.fp32_lanes_per_sm((12, 1)) == 128                           # newer: closest older
@@ -330,7 +331,7 @@ def test_device_issue_budget_reads_torch_properties():
     assert got["lanes_per_sm"] == 128 and got["clock_source"].startswith("torch")
     t4 = SimpleNamespace(name="Tesla T4", major=7, minor=5, multi_processor_count=40, clock_rate=0)
     got = hw.device_issue_budget(t4, 0.32)                                 # no clock: catalogue's
-    assert got["clock_ghz"] == 1.59 and got["lanes_per_sm"] == 64 and "catalogue" in got["clock_source"]
+    assert got["clock_ghz"] == 1.59 and got["lanes_per_sm"] == 128 and "catalogue" in got["clock_source"]
     unknown = SimpleNamespace(name="Some GPU", major=9, minor=0, multi_processor_count=10, clock_rate=0)
     with pytest.raises(ValueError, match="torch reports no clock for Some GPU"):
         hw.device_issue_budget(unknown, 1.0)
