@@ -462,6 +462,55 @@ class q8_activations:
 
 # ----------------------------------------------------------------------------- the full table
 RESULTS_FILE = Path(__file__).resolve().parent.parent / "results" / "engine_smollm2.json"
+SPEED_FILE = Path(__file__).resolve().parent.parent / "results" / "engine_speed_limits.json"
+
+
+def committed_speed_limits(path: Path = SPEED_FILE) -> dict:
+    """The committed ``speed_limits`` measurement (``python -m course_lib.engine limits``),
+    thread counts back as integers; {} when the file is missing (lesson 13 without the engine)."""
+    import json
+    path = Path(path)
+    if not path.exists():
+        return {}
+    out = json.loads(path.read_text())
+    out["threads"] = [int(t) for t in out["threads"]]
+    out["bandwidth_gbps"] = {int(t): v for t, v in out["bandwidth_gbps"].items()}
+    out["rows"] = {n: {(int(k) if k.isdigit() else k): v for k, v in row.items()}
+                   for n, row in out["rows"].items()}
+    return out
+
+
+def write_speed_limits(threads=(1, 2), new_tokens: int = 64, runs: int = 5,
+                       path: Path = SPEED_FILE) -> dict:
+    """``speed_limits`` on lesson 13's four files (F16, Q8_0, Q4_0 RTN and GPTQ), longer than
+    the notebook's run, with the machine it ran on: ``python -m course_lib.engine limits``."""
+    import json
+    from course_lib import device, export
+    from course_lib.methods import calibration as cal
+    from course_lib.methods import gptq
+    device.ensure_triton_mode()        # before anything imports triton (bandwidth needs it)
+    from tqdm.auto import tqdm
+    out_dir = Path(tempfile.mkdtemp(prefix="engine-speed-"))
+    model = _fp16_model()
+    m_gptq, _ = gptq.gptq_model(model, cal.calibration_ids("smollm2", 4, 256), 4, 32,
+                                grid="q4_0", act_order=True)
+    files = {"F16": export.export_gguf(model, out_dir / "f16.gguf", "f16"),
+             "Q8_0": export.export_gguf(model, out_dir / "q8_0.gguf", "q8_0"),
+             "Q4_0 RTN": export.export_gguf(cal.rtn_model(model, 4, 32, grid="q4_0"),
+                                            out_dir / "q4_0_rtn.gguf", "q4_0"),
+             "Q4_0 GPTQ": export.export_gguf(m_gptq, out_dir / "q4_0_gptq.gguf", "q4_0")}
+    models = {n: load(f, threads=max(threads)) for n, f in files.items()}
+    res = speed_limits(models, files, threads, new_tokens, runs, progress=tqdm.write)
+    res["machine"] = {**device.machine_record(), "load_avg_1min": os.getloadavg()[0]}
+    res["command"] = (f"python -m course_lib.engine limits --threads {' '.join(map(str, threads))} "
+                      f"--new-tokens {new_tokens} --runs {runs}")
+    res["engine"] = f"llama-cpp-python=={version()} ({CMAKE_ARGS})"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=1) + "\n")
+    del models
+    import shutil
+    shutil.rmtree(out_dir, ignore_errors=True)
+    return res
 
 
 def _fp16_model():
@@ -571,14 +620,23 @@ def main(argv=None) -> None:
     import argparse
     p = argparse.ArgumentParser(prog="python -m course_lib.engine",
                                 description="lesson 13's tables through llama.cpp")
-    p.add_argument("command", choices=["table"])
+    p.add_argument("command", choices=["table", "limits"],
+                   help="table: perplexity/KL/speed (results/engine_smollm2.json); limits: decode "
+                        "speed against its two limits (results/engine_speed_limits.json)")
     p.add_argument("--windows", type=int, default=8)
     p.add_argument("--calib-windows", type=int, default=16)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, nargs="+", default=None)
     p.add_argument("--build-seconds", type=float, default=None)
     a = p.parse_args(argv)
+    if a.command == "limits":
+        res = write_speed_limits(tuple(a.threads or (1, 2)), a.new_tokens, a.runs)
+        print(f"wrote {SPEED_FILE}: {res['machine'].get('cpu')}")
+        return
+    if a.threads and len(a.threads) > 1:
+        p.error("table takes one --threads value")
+    a.threads = a.threads[0] if a.threads else None
     out = write_table(a.windows, a.calib_windows, a.runs, a.new_tokens, a.threads,
                       a.build_seconds)
     for r in out["rows"]:
