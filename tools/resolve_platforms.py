@@ -19,8 +19,9 @@ independent ways and writes what it found to ``results/platform_resolution.json`
    names a uv binary (install it into a separate venv: ``pip install uv``): a full resolution
    with backtracking, markers evaluated for the target.
 
-Both ask the public index directly (``pip --isolated``, ``uv --no-config``): the local wheel
-folder of the machine running the tool must not stand in for what a learner downloads. It needs
+Both ask the public index directly (pip with no configuration file and ``--isolated``, uv with
+``--no-config``): the local wheel folder or constraints of the machine running the tool must not
+stand in for what a learner downloads. It needs
 the network, so it is not part of ``make test``; ``tests/test_environment.py`` checks the
 markers themselves offline against ``PLATFORMS``.
 """
@@ -134,7 +135,11 @@ def _pip_pick(specs: list[str], platform: str, workdir: str) -> tuple[dict, dict
         cmd += ["--cert", CERT]
     for tag in PLATFORMS[platform]["pip_platforms"]:
         cmd += ["--platform", tag]
-    proc = subprocess.run(cmd + specs, capture_output=True, text=True)
+    # no pip configuration of the machine running this (its constraints or local wheel folder
+    # must not stand in for what a learner's pip sees): --isolated skips only the user's
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    proc = subprocess.run(cmd + specs, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         if len(specs) == 1:
             lines = [l for l in proc.stderr.splitlines() if l.startswith("ERROR")]
@@ -248,6 +253,12 @@ def resolve_with_uv(uv: str, requirements_file: Path, platform: str) -> dict:
             "versions": {_canonical(k): v for k, v in sorted(pins.items())}}
 
 
+def agree(entry: dict) -> bool:
+    """Did the two resolutions of one target pick the same set of packages and versions?"""
+    return entry["pip"]["ok"] and entry["uv"]["ok"] and \
+        entry["pip"]["versions"] == entry["uv"]["versions"]
+
+
 def _uv_version(uv: str) -> str:
     return subprocess.run([uv, "--version"], capture_output=True, text=True).stdout.strip()
 
@@ -282,6 +293,8 @@ def main(argv: list[str] | None = None) -> dict:
         if args.uv:
             out["uv"] = resolve_with_uv(args.uv, ROOT / fname, platform)
         out["ok"] = out["pip"]["ok"] and out.get("uv", {"ok": True})["ok"]
+        if args.uv:
+            out["pip_and_uv_agree"] = agree(out)
         print(f"{platform:15s} {fname:24s} {'installable' if out['ok'] else 'NOT installable'}"
               + ("" if out["pip"]["ok"] else
                  f"; pip: {json.dumps(out['pip']['errors'] or out['pip']['conflicts'])[:400]}")
