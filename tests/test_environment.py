@@ -127,3 +127,47 @@ def test_marker_environments_are_complete_and_unknown_platforms_are_refused():
         assert set(default_environment()) <= set(resolve_platforms.marker_environment(platform))
     with pytest.raises(ValueError, match="unknown platform 'beos'"):
         resolve_platforms.marker_environment("beos")
+
+
+def test_hosted_requirements_keep_the_pins_but_not_torchs_build():
+    from course_lib import device
+    full = _requirements(ROOT / "requirements.txt")
+    hosted = _requirements(ROOT / "requirements-hosted.txt")
+    assert "triton" not in hosted                         # a CUDA torch brings its own
+    assert str(hosted["torch"].specifier) == ">=" + ".".join(map(str, device.TORCH_FLOOR))
+    for name, req in hosted.items():
+        if name != "torch":
+            assert name in full and req.specifier == full[name].specifier, name
+    # what a hosted notebook does not need is left out; everything a lesson imports is in
+    assert not {"jupyterlab", "pytest", "nbval", "nbgrader", "playwright"} & set(hosted)
+    assert {"numpy", "transformers", "gguf", "ml-dtypes"} <= set(hosted)
+
+
+def test_the_hosted_install_cell_is_the_same_in_the_readme_and_lesson_00():
+    import json
+    readme = (ROOT / "README.md").read_text()
+    nb = json.loads((ROOT / "notebooks" / "00_the_bill.ipynb").read_text())
+    cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    cell = next(c for c in cells if "requirements-hosted.txt" in c)
+    for line in cell.splitlines():
+        if "pip install" in line:
+            assert line.strip().lstrip("!%").strip() in readme, line
+
+
+def test_the_committed_resolution_covers_every_platform_and_agrees_with_the_markers():
+    """results/platform_resolution.json (tools/resolve_platforms.py, run against the index):
+    installable everywhere but Intel macOS, where torch has no wheel; Triton resolved exactly
+    where the markers ask for it; pip's walk and uv's resolver picked the same versions."""
+    import json
+    found = json.loads((ROOT / "results" / "platform_resolution.json").read_text())
+    assert set(found["platforms"]) == set(resolve_platforms.PLATFORMS)
+    for platform, entry in found["platforms"].items():
+        for fname in resolve_platforms.REQUIREMENT_FILES:
+            one = entry[fname]
+            if platform == "macos-x86_64":
+                assert not one["ok"] and set(one["pip"]["errors"]) == {"torch"}
+                continue
+            assert one["ok"] and one["pip_and_uv_agree"], (platform, fname)
+            assert ("triton" in one["pip"]["versions"]) == (platform in TRITON_WHEELS)
+            if fname == "requirements.txt":
+                assert one["pip"]["versions"]["torch"] == "2.13.0"
