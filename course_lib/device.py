@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 from dataclasses import dataclass, field
+
+# The oldest torch the course's code can run on: torch.float4_e2m1fn_x2 (lesson 01's FP4
+# storage) appeared in torch 2.8. The course is tested with 2.13.0 (requirements.txt); a hosted
+# notebook keeps its own torch if it is at least this (requirements-hosted.txt).
+TORCH_FLOOR = (2, 8)
 
 # Minimum CUDA compute capability for native maths in each format (lesson 09, lesson 12).
 # FP8 tensor-core maths: Ada (8.9), Hopper (9.0), Blackwell (10.x, 12.x).
@@ -55,6 +61,61 @@ def native_formats_for(compute_capability: tuple[int, int] | None) -> list[str]:
         raise ValueError(f"compute_capability must be a (major, minor) pair of whole numbers such "
                          f"as (8, 9), or None for a CPU; got {cc!r}")
     return [f for f, cc in NATIVE_FORMAT_MIN_CC.items() if tuple(compute_capability) >= cc]
+
+
+def torch_version_tuple(version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version string such as "2.13.0+cpu" or "2.9.0a0+git1234"."""
+    m = re.match(r"^(\d+)\.(\d+)", str(version))
+    if not m:
+        raise ValueError(f"not a torch version: {version!r} (expected something like '2.13.0')")
+    return int(m.group(1)), int(m.group(2))
+
+
+def check_torch_version(version: str | None = None) -> str:
+    """Raise a clear error when torch is older than the course's code needs (``TORCH_FLOOR``);
+    return the version checked (lesson 00's hosted-install cell, every ``summary()``)."""
+    if version is None:
+        import torch
+        version = torch.__version__
+    if torch_version_tuple(version) < TORCH_FLOOR:
+        floor = ".".join(map(str, TORCH_FLOOR))
+        raise RuntimeError(
+            f"torch {version} is older than the course needs (torch>={floor}: its FP4 and FP8 "
+            f"dtypes). Upgrade it (pip install 'torch>={floor}'), or install the course's own "
+            f"pinned environment (make setup) instead of the hosted one.")
+    return str(version)
+
+
+def mps_available() -> bool:
+    """Apple Silicon's GPU through torch's Metal backend (MPS). Untested by the course's CI,
+    which has no Mac: the paths that use it are kept small and guarded."""
+    import torch
+
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def triton_status() -> tuple[bool, str]:
+    """(True, "") when Triton can be imported here; else (False, one line saying why).
+
+    Triton has wheels for Linux only (x86_64, aarch64): on macOS and Windows it is not
+    installed, and lessons 09-11 show the kernels' source, their plain-torch references and the
+    committed compile reports instead of launching them. ``COURSE_NO_TRITON=1`` makes a Linux
+    machine behave the same way (tests: ``make test-no-triton``).
+    """
+    import importlib.util
+
+    blocked = os.environ.get("COURSE_NO_TRITON") == "1"
+    try:
+        found = importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):
+        found = False
+    if found and not blocked:
+        return True, ""
+    why = ("blocked (COURSE_NO_TRITON=1, as on macOS or Windows)" if blocked else
+           "not installed (the package index has Triton wheels for Linux only)")
+    return False, (f"Triton {why}: kernels are shown (source, plain-torch reference, compile "
+                   f"report), not launched")
 
 
 def _cuda_available() -> bool:
@@ -139,14 +200,20 @@ def summary(info: DeviceInfo | None = None) -> DeviceInfo:
         raise TypeError(f"info must be a DeviceInfo from device.detect(), or None to detect "
                         f"this machine; got {type(info).__name__}")
     info = info or detect()
+    check_torch_version()
     print(f"Python {platform.python_version()}, torch {torch.__version__}")
+    triton_ok, triton_why = triton_status()
     if info.has_gpu:
         cc = ".".join(map(str, info.compute_capability))
         print(f"GPU: {info.name}, compute capability {cc}, {info.memory_gb:.0f} GB")
-        print("Triton: native kernels on the GPU")
+        print("Triton: native kernels on the GPU" if triton_ok else triton_why)
     else:
         print(f"No CUDA GPU: running on the CPU ({info.name}, {info.cpu_count} cores)")
-        print("Triton: interpreter mode (TRITON_INTERPRET=1): correct but slow, never timed")
+        if mps_available():
+            print("Apple GPU (MPS) found: lessons 00 and 10 also time torch on it (these paths are "
+                  "untested by the course's CI, which has no Mac)")
+        print("Triton: interpreter mode (TRITON_INTERPRET=1): correct but slow, never timed"
+              if triton_ok else triton_why)
         print("GPU-only cells will say what they skip.")
     print("Native matrix maths here:", ", ".join(info.native_formats))
     missing = [f for f in ("fp8", "fp4") if f not in info.native_formats]

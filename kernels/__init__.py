@@ -16,6 +16,10 @@ inputs, a plain-torch reference and a benchmark.
   fused kernel), int32 accumulation, scales in the epilogue; compute capability 8.0+ (lesson 08)
 - ``kernels.decode_attention`` one query per sequence against a BF16, FP8 or INT8 KV cache,
   dequantized in registers, online softmax, split along the context (lesson 11)
+- ``kernels._triton``  Triton itself, or where it is not installed (macOS, Windows) a stand-in:
+  every kernel file still loads, ``source`` still prints its kernels, the plain-torch references
+  still run, and a launch raises ``TritonMissing`` with one line that says why (``TRITON``,
+  ``TRITON_MISSING`` here)
 - ``kernels._common``  what the kernel files share: input checks, launch plans, the
   ``CompileJob`` and the ``Backend`` each file hands to the compiler check and the benchmark
 - ``kernels.bench``    ``python -m kernels.bench``: the benchmark that writes ``results/*.json``;
@@ -52,9 +56,17 @@ if os.environ.get("COURSE_TRITON_AOT") == "1":
 else:
     INTERPRET = ensure_triton_mode()  # must run before `import triton` anywhere
 
-import triton  # noqa: E402,F401  (imported here, after the mode is set)
+# Triton where it is installed (Linux); elsewhere a stand-in that keeps every kernel's source
+# readable and says in one line why a launch cannot happen (kernels._triton).
+from kernels._triton import AVAILABLE as TRITON  # noqa: E402  (after the mode is set)
+from kernels._triton import WHY_MISSING as TRITON_MISSING  # noqa: E402
+from kernels._triton import TritonMissing  # noqa: E402
+from kernels._triton import tl, triton  # noqa: E402,F401  (an exercise's kernel imports these)
 
-__all__ = ["INTERPRET"]
+if not TRITON:
+    INTERPRET = False                 # nothing to interpret: kernels are shown, not launched
+
+__all__ = ["INTERPRET", "TRITON", "TRITON_MISSING", "TritonMissing", "tl", "triton"]
 
 
 class exercise_launch:

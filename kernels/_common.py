@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-import triton
-import triton.language as tl
+from kernels._triton import tl, triton  # Triton, or its stand-in where it is not installed
 
-from kernels import INTERPRET
+from kernels import INTERPRET, TRITON, TRITON_MISSING
 
 ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -35,14 +34,16 @@ def capability(interpret: bool, min_cc: tuple[int, int], interp_note: str,
     """(True, why) when a kernel that needs compute capability ``min_cc`` can run here (the
     interpreter counts as yes, with ``interp_note``); else (False, why), where ``needs``
     says what the kernel requires. ``interpret`` is passed by the caller (tests patch it)."""
-    if interpret:
+    if interpret and TRITON:
         return True, interp_note
     if not torch.cuda.is_available():
-        return False, "no CUDA GPU"
+        return False, "no CUDA GPU" if TRITON else TRITON_MISSING
     cc = torch.cuda.get_device_capability(0)
     name = torch.cuda.get_device_name(0)
     if tuple(cc) < min_cc:
         return False, f"{name} has compute capability {cc[0]}.{cc[1]}; {needs}"
+    if not TRITON:                   # a GPU that could, but no Triton to compile for it
+        return False, TRITON_MISSING
     return True, f"{name}, compute capability {cc[0]}.{cc[1]}"
 
 

@@ -208,7 +208,8 @@ def device_record() -> dict:
 
 def versions() -> dict:
     import numpy
-    import triton
+
+    from kernels._triton import triton  # its version is None where Triton is not installed
 
     return {"python": platform.python_version(), "torch": torch.__version__,
             "triton": triton.__version__, "numpy": numpy.__version__,

@@ -8,7 +8,7 @@ machine cannot measure it) and ``targets_table`` prints them; ``separating_measu
 from __future__ import annotations
 
 import torch
-import triton
+from kernels._triton import triton  # Triton, or its stand-in where it is not installed
 
 from course_lib import bench
 from kernels.bench_decode import _cuda_graph

@@ -433,6 +433,9 @@ def main(argv=None) -> int:
     import kernels
 
     assert not kernels.INTERPRET, "compile_check needs COURSE_TRITON_AOT=1"
+    if not kernels.TRITON:
+        print(f"SKIPPED: {kernels.TRITON_MISSING}")
+        return 0
     try:
         import triton.backends.nvidia  # noqa: F401
     except ImportError:

@@ -52,8 +52,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-import triton
-import triton.language as tl
+from kernels._triton import tl, triton  # Triton, or its stand-in where it is not installed
 
 from kernels import INTERPRET
 from kernels._common import check_device, num_sms, on_gpu

@@ -28,10 +28,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-import triton
-import triton.language as tl
+from kernels._triton import tl, triton  # Triton, or its stand-in where it is not installed
 
-from kernels import INTERPRET
+from kernels import INTERPRET, TRITON, TRITON_MISSING, TritonMissing
 from kernels._common import (CompileJob, capability, check_activations, check_device,
                              check_row_scaled_weights, choose, config_jobs, on_gpu,
                              pow2_at_least, token_scales)
@@ -216,6 +215,8 @@ def fp8_supported() -> tuple[bool, str]:
 def require_fp8() -> None:
     """Raise a RuntimeError that says what to do when FP8 maths is not available."""
     ok, why = fp8_supported()
+    if not ok and not TRITON and why == TRITON_MISSING:
+        raise TritonMissing(f"the FP8 W8A8 kernel cannot launch: {why}")
     if not ok:
         raise RuntimeError(f"FP8 W8A8 kernel refused: {why}. Use "
                            "kernels.fp8_w8a8.fp8_w8a8_reference (emulation in fp32: same "

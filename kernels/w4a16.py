@@ -80,8 +80,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-import triton
-import triton.language as tl
+from kernels._triton import tl, triton  # Triton, or its stand-in where it is not installed
 
 from kernels import INTERPRET, dequant16
 from kernels._common import (GEMV_MAX_M, CompileJob, check_activations, check_device,

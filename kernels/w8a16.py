@@ -35,8 +35,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-import triton
-import triton.language as tl
+from kernels._triton import tl, triton  # Triton, or its stand-in where it is not installed
 
 from kernels import INTERPRET
 from kernels._common import (GEMV_MAX_M, check_activations, check_device, choose,

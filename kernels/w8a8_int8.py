@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import torch
 
-import triton
-import triton.language as tl
+from kernels._triton import tl, triton  # Triton, or its stand-in where it is not installed
 
-from kernels import INTERPRET
+from kernels import INTERPRET, TRITON, TRITON_MISSING, TritonMissing
 from kernels._common import (CompileJob, capability, check_activations, check_device,
                              check_row_scaled_weights, choose, config_jobs, on_gpu,
                              pow2_at_least, token_scales)
@@ -194,6 +193,8 @@ def int8_supported() -> tuple[bool, str]:
 def require_int8() -> None:
     """Raise a RuntimeError that says what to do when the INT8 kernel cannot run."""
     ok, why = int8_supported()
+    if not ok and not TRITON and why == TRITON_MISSING:
+        raise TritonMissing(f"the INT8 W8A8 kernel cannot launch: {why}")
     if not ok:
         raise RuntimeError(f"INT8 W8A8 kernel refused: {why}. Use "
                            "kernels.w8a8_int8.w8a8_int8_reference (plain torch, the same "

@@ -341,8 +341,9 @@ def test_fp16_baseline_below_compute_capability_8():
     names = [b.name for b in kbench.gpu_backends(False, torch.float16)]
     assert names[0] == "fp16" and all(b.act_dtype == torch.float16
                                       for b in kbench.gpu_backends(False, torch.float16))
-    assert [b.name for b in kbench.gpu_backends(True)] == ["bf16", "w8a16", "w4a16 g128", "fp8 w8a8",
-                                                           "int8 w8a8"]
+    # without Triton (macOS, Windows) the INT8 kernel lists itself nowhere: it could not launch
+    assert [b.name for b in kbench.gpu_backends(True)] == ["bf16", "w8a16", "w4a16 g128", "fp8 w8a8"] + (
+        ["int8 w8a8"] if kernels.TRITON else [])
 
 
 def test_gpu_backend_registry_is_one_line_per_kernel_file():

@@ -1,4 +1,5 @@
-"""course_lib.device: detection, native formats, Triton interpreter mode."""
+"""course_lib.device: detection, native formats, Triton interpreter mode, Triton's absence,
+the torch floor of a hosted install, Apple's GPU (MPS)."""
 import os
 
 import pytest
@@ -22,7 +23,46 @@ def test_detect_and_summary(capsys):
     assert info.has_gpu == torch.cuda.is_available()
     if not info.has_gpu:
         assert info.triton_interpret and os.environ["TRITON_INTERPRET"] == "1"
-        assert "No CUDA GPU" in out and "interpreter" in out
+        assert "No CUDA GPU" in out
+        triton_ok, why = device.triton_status()
+        if triton_ok:
+            assert "interpreter" in out
+        else:   # macOS, Windows, or COURSE_NO_TRITON=1: one line says so
+            assert [l for l in out.splitlines() if l.startswith("Triton")] == [why]
+
+
+def test_triton_status_says_why_in_one_line(monkeypatch):
+    monkeypatch.setenv("COURSE_NO_TRITON", "1")
+    ok, why = device.triton_status()
+    assert not ok and "\n" not in why and "COURSE_NO_TRITON=1" in why and "not launched" in why
+    monkeypatch.delenv("COURSE_NO_TRITON")
+    import importlib.util
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)     # as on a Mac
+    ok, why = device.triton_status()
+    assert not ok and "Triton wheels for Linux only" in why and "\n" not in why
+
+
+def test_torch_floor_of_the_hosted_install():
+    assert device.check_torch_version() == torch.__version__           # this torch passes
+    assert device.torch_version_tuple(torch.__version__) >= device.TORCH_FLOOR
+    assert device.torch_version_tuple("2.13.0+cpu") == (2, 13)
+    assert device.torch_version_tuple("2.10.0a0+git7b3c") == (2, 10)
+    floor = ".".join(map(str, device.TORCH_FLOOR))
+    assert device.check_torch_version(floor + ".0") == floor + ".0"
+    with pytest.raises(RuntimeError, match=r"torch 2\.7\.1 is older than the course needs \(torch>=2\.8"):
+        device.check_torch_version("2.7.1")
+    with pytest.raises(ValueError, match="not a torch version"):
+        device.torch_version_tuple("nightly")
+    # the floor is the first torch with the dtypes the course's code names
+    assert hasattr(torch, "float4_e2m1fn_x2") and hasattr(torch, "float8_e8m0fnu")
+
+
+def test_mps_is_reported_only_where_torch_has_it(monkeypatch, capsys):
+    assert device.mps_available() == bool(torch.backends.mps.is_available())
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    if not torch.cuda.is_available():
+        device.summary()
+        assert "Apple GPU (MPS) found" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only behaviour")

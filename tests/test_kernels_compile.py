@@ -157,6 +157,8 @@ def test_fp8_row_quantization_divides_with_round_to_nearest():
                           env=env, timeout=300)
     if "No module named 'triton.backends.nvidia'" in proc.stderr:
         pytest.skip("this triton build has no NVIDIA backend")
+    if "No module named 'triton'" in proc.stderr:
+        pytest.skip("Triton is not installed here (or COURSE_NO_TRITON=1 blocks it)")
     assert "approx False rn True" in proc.stdout, proc.stderr[-3000:]
 
 

@@ -34,6 +34,7 @@ import importlib
 import inspect
 import os
 import pkgutil
+import sys
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -305,7 +306,7 @@ def _in_place_message(name: str, what: str, value: Any) -> str:
 class CheckResult:
     """What ``check`` found; truthy only when every case passed."""
     exercise_id: str
-    status: str  # "passed", "failed", "not implemented"
+    status: str  # "passed", "failed", "not implemented", "skipped" (a kernel, without Triton)
     passed: int = 0
     total: int = 0
     report: str = ""
@@ -371,6 +372,11 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
                 raise AssertionError(report)
             return CheckResult(exercise_id, "not implemented", 0, len(cases), report)
         except Exception as err:  # the learner's code raised: say what and where
+            missing = _triton_missing(err)
+            if missing:          # a kernel exercise where Triton is not installed: say why
+                report = f"{exercise_id} ({ex.title}): skipped, {missing}"
+                say(report)
+                return CheckResult(exercise_id, "skipped", 0, len(cases), report)
             if case.raises is not None and isinstance(err, case.raises):
                 problem = changed_inputs(fn, before, (args, kwargs), ex.mutates, ex.reference)
                 if not problem:
@@ -404,6 +410,15 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
     if _mode() == "learner":
         _record_pass(exercise_id, len(cases))
     return CheckResult(exercise_id, "passed", len(cases), len(cases), report)
+
+
+def _triton_missing(err: BaseException) -> str:
+    """The one-line reason when ``err`` is a Triton kernel that could not launch because Triton
+    is not installed here (macOS, Windows; ``kernels.TritonMissing``), else ''."""
+    stand_in = sys.modules.get("kernels._triton")      # loaded only where a kernel was used
+    if stand_in is not None and isinstance(err, stand_in.TritonMissing):
+        return str(err).split(": ", 1)[-1]
+    return ""
 
 
 def _record_pass(exercise_id: str, cases: int) -> None:
