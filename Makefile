@@ -49,7 +49,7 @@ test-dispatch: setup
 # passed, 316 skipped); the nine notebooks' idle run times in results/notebook_times.json add up
 # to about a minute, and most kernel tests skip at once, so an idle CI machine takes far less.
 # (unit tests first, as in `make test`: a notebook leaves COURSE_CHECKS set for what follows)
-NO_TRITON_TESTS := $(wildcard tests/test_kernels_*.py) tests/test_bench.py tests/test_bench_lessons0910.py \
+NO_TRITON_TESTS := $(wildcard tests/test_kernels_*.py) tests/test_ptx_interp.py tests/test_bench.py tests/test_bench_lessons0910.py \
 	tests/test_checks_lessons0910.py tests/test_device.py tests/test_environment.py \
 	$(foreach n,09_kernels 10_measure_decode_speed 11_kv_cache,notebooks/$(n).ipynb \
 	solutions/$(n).ipynb exercises/$(n).ipynb)
