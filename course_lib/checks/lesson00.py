@@ -282,7 +282,19 @@ def _conv_cases():
              label="usable_fraction 1.5: more than the whole GPU"),
         Case((80, 0.9, 30.0, kv70, 8000.5), raises=ValueError,
              label="8000.5 tokens: half a token, raise ValueError"),
+        Case((80, float("nan"), 30.0, kv70, 8000), raises=ValueError,
+             label="usable_fraction NaN: outside (0, 1], raise ValueError", hint="A NaN fails every comparison: `x < 0 or x > 1` lets it through, `not 0 <= x <= 1` does not."),
     ]
+
+
+def _conv_nan_fraction(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token,
+                       tokens_per_conversation):          # range checked with < and >: NaN passes
+    if tokens_per_conversation <= 0 or tokens_per_conversation != int(tokens_per_conversation) \
+            or usable_fraction <= 0 or usable_fraction > 1:
+        raise ValueError("bad input")
+    free = (gpu_memory_gb * usable_fraction - weight_gb) * 1e9
+    return max(0, math.floor(free / (kv_bytes_per_token * tokens_per_conversation))) \
+        if free == free else 0
 
 
 def _conv_half_token(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token,
@@ -351,5 +363,5 @@ register(Exercise(
           "usable_fraction outside (0, 1] with ValueError; then "
           "max(0, math.floor(free / per_conversation))."],
     wrong=[_conv_round, _conv_all_memory, _conv_gib, _conv_negative, _conv_fraction_unchecked,
-           _conv_ceil, _conv_half_token],
+           _conv_ceil, _conv_half_token, _conv_nan_fraction],
 ))

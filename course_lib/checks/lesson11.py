@@ -277,6 +277,8 @@ def _conv_cases():
              label="90 (a percent) where a fraction is meant: raise ValueError", raises=ValueError),
         Case((80, 0.0, 10.0, 327680, 8000), label="usable_fraction 0: no memory at all, raise "
              "ValueError", raises=ValueError),
+        Case((80, float("nan"), 10.0, 327680, 8000), label="usable_fraction NaN: outside (0, 1], "
+             "raise ValueError", raises=ValueError, hint="A NaN fails every comparison: `x < 0 or x > 1` lets it through, `not 0 <= x <= 1` does not."),
         Case((float("nan"), 0.9, 10.0, 327680, 8000), label="NaN GB: raise ValueError",
              raises=ValueError),
         Case((80, 0.9, -5.0, 327680, 8000), label="negative weights: raise ValueError",
@@ -338,6 +340,16 @@ def _wrong_conv_half_token(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_p
     return max(0, int(free // (kv_bytes_per_token * context)))
 
 
+def _wrong_conv_nan_fraction(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token,
+                             context):                   # range checked with < and >
+    if usable_fraction <= 0 or usable_fraction > 1:
+        raise ValueError("bad fraction")
+    if usable_fraction != usable_fraction:
+        return 0
+    return conversations_reference(gpu_memory_gb, usable_fraction, weight_gb,
+                                   kv_bytes_per_token, context)
+
+
 def _wrong_conv_half_up(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token,
                         context):                        # floor(x + 0.5): 2.5 conversations -> 3
     import math
@@ -369,7 +381,7 @@ register(Exercise(
           "a whole number >= 1, or when a memory figure is NaN or negative."],
     wrong=[_wrong_conv_no_fraction, _wrong_conv_round, _wrong_conv_gib, _wrong_conv_negative,
            _wrong_conv_percent_ok, _wrong_conv_half_up, _wrong_conv_reserve_after_weights,
-           _wrong_conv_half_token],
+           _wrong_conv_half_token, _wrong_conv_nan_fraction],
     int_results=True, rtol=0, atol=0, check_dtype=False,
 ))
 
