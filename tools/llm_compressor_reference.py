@@ -29,6 +29,7 @@ import argparse
 import json
 import platform
 import sys
+import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
@@ -64,8 +65,25 @@ def load_hf_model():
     from course_lib import smollm
     gguf = smollm.gguf_path()
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, torch_dtype=torch.float32)
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # transformers has dequantized the GGUF to float32: the weights are a full-precision model
+    # now, but its config still says "gguf", which oneshot refuses. oneshot also re-reads the
+    # config from the model's folder, and the GGUF's folder has no config.json: give it one.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    folder = Path(tempfile.mkdtemp(prefix="smollm2-config-"))
+    model.config.save_pretrained(folder)
+    model.config._name_or_path = str(folder)
     return model.eval()
+
+
+def load_tokenizer():
+    """The tokenizer from the same file (oneshot wants a processor beside a dataset)."""
+    transformers = _need("transformers")
+    from course_lib import smollm
+    gguf = smollm.gguf_path()
+    return transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 
 
 @torch.no_grad()
@@ -99,7 +117,10 @@ def recipes(quick: bool) -> dict:
     """name -> llm-compressor recipe (a list of modifiers)."""
     from llmcompressor.modifiers.awq import AWQModifier
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
-    from llmcompressor.modifiers.smoothquant import SmoothQuantModifier
+    try:
+        from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
+    except ImportError:                                   # releases before the move
+        from llmcompressor.modifiers.smoothquant import SmoothQuantModifier
     out = {}
     for bits in (4, 3):
         out[f"w{bits}_g32 rtn"] = [QuantizationModifier(config_groups=weight_scheme(bits),
@@ -130,7 +151,7 @@ def run(quick: bool = False) -> dict:
     n_calib, n_eval = (2, 1) if quick else (CALIB_WINDOWS, EVAL_WINDOWS)
     calib = smollm.calibration_ids(n_calib * WINDOW).view(n_calib, WINDOW)   # (n, 512)
     eval_ids = smollm.eval_ids()
-    base = load_hf_model()
+    base, tok = load_hf_model(), load_tokenizer()
     ref_lp, ref_tgt = logprobs(base, eval_ids, n_eval, WINDOW)
     from course_lib import eval as ceval
     rows = {"baseline": {"perplexity": ceval.perplexity_from_logprobs(ref_lp, ref_tgt)}}
@@ -139,7 +160,7 @@ def run(quick: bool = False) -> dict:
     for name, recipe in recipes(quick).items():
         model = load_hf_model()
         t0 = time.perf_counter()
-        llmc.oneshot(model=model, dataset=dataset, recipe=recipe,
+        llmc.oneshot(model=model, processor=tok, dataset=dataset, recipe=recipe,
                      max_seq_length=WINDOW, num_calibration_samples=n_calib)
         seconds = time.perf_counter() - t0
         rows[name] = {**score(model, eval_ids, ref_lp, n_eval, WINDOW), "seconds": seconds}
