@@ -49,6 +49,8 @@ def _keys_cases():
         Case((_keys(32, 4, 8), 0, 32), label="0 bits: raise ValueError", raises=ValueError),
         Case((_keys(32, 4, 8), True, 32), label="bits=True (a bool, not a number of bits): "
              "raise ValueError", raises=ValueError),
+        Case((_keys(32, 4, 8), 2.5, 32), label="bits=2.5: not a whole number, raise ValueError",
+             raises=ValueError),
         Case((_keys(64, 16, 0, fp16=True), 2, 32), label="2 bits, two groups of 32 tokens"),
         Case((_keys(32, 16, 1, outlier=4, fp16=True), 2, 32),
              label="an outlier channel (as real keys have)"),
@@ -118,6 +120,12 @@ def _wrong_keys_scale_from_exact_lo(k, bits, group):  # scale from the unrounded
     return (q * scale + lo).reshape(k.shape)
 
 
+def _wrong_keys_any_bits(k, bits, group):             # checks the range of bits, not its type
+    if k.shape[0] % group or not 1 <= bits <= 8 or torch.isnan(k).any():
+        raise ValueError("bad input")
+    return keys_per_channel_reference(k, int(bits), group)
+
+
 def _wrong_keys_input_dtype(k, bits, group):         # the result in the keys' own dtype
     return keys_per_channel_reference(k, bits, group).to(k.dtype)
 
@@ -149,7 +157,7 @@ register(Exercise(
           "when bits is not 1..8 or when k holds NaN."],
     wrong=[_wrong_keys_per_token, _wrong_keys_levels, _wrong_keys_symmetric,
            _wrong_keys_whole_channel, _wrong_keys_half_up, _wrong_keys_input_dtype,
-           _wrong_keys_nan_through, _wrong_keys_scale_from_exact_lo],
+           _wrong_keys_nan_through, _wrong_keys_scale_from_exact_lo, _wrong_keys_any_bits],
     rtol=1e-5, atol=1e-6,
 ))
 
