@@ -136,6 +136,10 @@ def bits_from_logprobs(lp: torch.Tensor, tgt: torch.Tensor, bytes_per_token: flo
     / bytes_per_token turns bits per token into bits per byte (1 for a byte-level model).
     Perplexity per token is exp(mean nats) = 2 ** (bits per token).
     """
+    if not isinstance(lp, torch.Tensor) or not isinstance(tgt, torch.Tensor):
+        raise TypeError(f"lp and tgt must be torch tensors (log-probs (N, V) and targets (N,)); "
+                        f"got {type(lp).__name__} and {type(tgt).__name__}: wrap numpy arrays "
+                        f"with torch.from_numpy(...)")
     if lp.dim() != 2 or tgt.shape != lp.shape[:1]:
         raise ValueError(f"expected log-probs (N, V) and targets (N,); got {tuple(lp.shape)} "
                          f"and {tuple(tgt.shape)}")

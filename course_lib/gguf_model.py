@@ -178,6 +178,14 @@ def quantize_q4_1(w: torch.Tensor) -> BlockQuantized:
     b = w.float().reshape(out, cols // BLOCK, BLOCK)                     # (out, nb, 32)
     lo = b.amin(-1, keepdim=True)                                        # (out, nb, 1)
     d = (b.amax(-1, keepdim=True) - lo) / 15                             # (out, nb, 1)
+    fp16_max = float(torch.finfo(torch.float16).max)                     # 65504
+    if float(lo.abs().max()) > fp16_max or float(d.max()) > fp16_max:
+        where = int(torch.maximum(lo.abs(), d).flatten().argmax())
+        raise ValueError(f"block {where} (row {where // (cols // BLOCK)}) has a minimum or a "
+                         f"scale beyond fp16's range (|value| up to {fp16_max:g}): Q4_1 stores "
+                         f"both as fp16, so they would become inf and the block would decode "
+                         f"as inf/NaN (llama.cpp would write it so, silently). Rescale the "
+                         f"weight, or keep this tensor in F32/BF16")
     inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
     q = torch.trunc((b - lo) * inv + 0.5).clamp(0, 15).to(torch.uint8)   # (out, nb, 32)
     return BlockQuantized("q4_1", q.reshape(out, cols), d[..., 0].half(), lo[..., 0].half())

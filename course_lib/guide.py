@@ -62,6 +62,11 @@ def gpu_bench(results: dict) -> tuple[str, dict] | tuple[None, None]:
 def bench_ratio(bench: dict | None, label: str, shape: tuple[int, int, int]) -> float | None:
     """Speed of ``label`` relative to the benchmark's baseline (BF16 on a GPU) at one layer
     shape (K, N, M), or None when that row was not measured (lessons 10 and 12)."""
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__") or len(shape) != 3 or \
+            not all(isinstance(v, int) and not isinstance(v, bool) for v in shape):
+        raise ValueError(f"shape is a layer shape (K, N, M): input width, output width and "
+                         f"batch, three whole numbers as in the benchmark's rows (e.g. (4096, "
+                         f"4096, 1)); got {shape!r}")
     if not bench:
         return None
     K, N, M = shape
@@ -483,9 +488,17 @@ def loaded_weights_gib(params: float, bits: float, kept_16bit_params: float = 0.
     """GiB an engine's "model loading" log line reports: ``kept_16bit_params`` in BF16, the
     rest at ``bits`` per weight (lesson 12)."""
     params = _check_params(params)
+    if isinstance(bits, str):                     # a format name: "fp8", "int4_g128", "bf16"
+        try:
+            bits = hw.bits_per_weight(bits)
+        except (KeyError, ValueError) as err:
+            raise ValueError(f"bits is the bits per weight of the quantized part (a number such "
+                             f"as 8 or 4.125) or a format name course_lib.hardware knows; "
+                             f"{bits!r} is neither: {err}") from None
     if isinstance(bits, bool) or not isinstance(bits, (int, float)) or not 0 < bits <= 32:
         raise ValueError(f"bits is the bits per weight of the quantized part, in (0, 32] (8 for "
-                         f"FP8, 4.125 for INT4 g128); got {bits!r}")
+                         f"FP8, 4.125 for INT4 g128), or a format name such as 'fp8'; got "
+                         f"{bits!r}")
     if not 0 <= kept_16bit_params <= params:
         raise ValueError("kept_16bit_params must be between 0 and params")
     return ((params - kept_16bit_params) * bits / 8 + kept_16bit_params * 2) / hw.GIB

@@ -72,8 +72,10 @@ def _count(name: str, value) -> int:
 
 
 def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, Real) or int(value) != value:
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) \
+            or int(value) != value:
+        raise ValueError(f"{name} must be a whole number (no fractions: half a token or half "
+                         f"a GPU does not exist), got {value!r}")
     if value <= 0:
         raise ValueError(f"{name} must be 1 or more, got {value}")
     return int(value)
@@ -708,7 +710,7 @@ def conversations_that_fit(gpu_memory_gb: float, usable_fraction: float, weight_
     fraction = _fraction("usable_fraction", usable_fraction)
     weights = _positive("weight_gb", weight_gb, allow_zero=True)
     per_conversation = (_positive("kv_bytes_per_token", kv_bytes_per_token)
-                        * _positive("tokens_per_conversation", tokens_per_conversation))
+                        * _positive_int("tokens_per_conversation", tokens_per_conversation))
     free_bytes = (memory * fraction - weights) * GB
     if free_bytes <= 0:
         return 0
@@ -892,12 +894,18 @@ def format_table(rows, headers) -> str:
         if isinstance(v, tuple):
             return ".".join(map(str, v))
         return str(v)
+    if isinstance(rows, (str, bytes)) or not hasattr(rows, "__iter__") or \
+            isinstance(headers, (str, bytes)) or not hasattr(headers, "__len__") or not headers:
+        raise ValueError(f"format_table(rows, headers): rows a list of rows (each a list or "
+                         f"tuple of values), headers a non-empty list of column names; got "
+                         f"rows={rows!r:.60}, headers={headers!r:.60}")
+    rows = list(rows)
     bad = [r for r in rows if len(r) != len(headers)]
     if bad:
         raise ValueError(f"format_table: {len(headers)} headers but a row has {len(bad[0])} "
                          f"values: {bad[0]!r}")
     text = [[cell(v) for v in r] for r in rows]
-    widths = [max(len(h), *(len(r[i]) for r in text)) for i, h in enumerate(headers)]
+    widths = [max([len(h)] + [len(r[i]) for r in text]) for i, h in enumerate(headers)]
     line = lambda vals: "  ".join(v.ljust(w) if i == 0 else v.rjust(w)
                                   for i, (v, w) in enumerate(zip(vals, widths)))
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in text])

@@ -701,8 +701,9 @@ def _check_layer(model, layer) -> int:
 def _check_ids(ids) -> torch.Tensor:
     t = torch.as_tensor(ids)
     if t.dim() != 1 or len(t) == 0:
+        hint = "; a (1, T) batch: pass ids[0]" if t.dim() == 2 and t.shape[0] == 1 else ""
         raise ValueError(f"ids must be a non-empty 1-D sequence of token ids; got shape "
-                         f"{tuple(t.shape)}")
+                         f"{tuple(t.shape)}{hint}")
     if t.is_floating_point() or t.dtype == torch.bool:
         raise TypeError(f"ids must hold integer token ids; got {t.dtype}")
     return t

@@ -67,11 +67,22 @@ def load(path: str | Path | None = None) -> dict[str, dict]:
         raise ValueError(f"{file} is a progress record of version {version!r}; this course "
                          f"reads version {VERSION}. Update the course, or {_REPAIR}")
     for ex_id, entry in passed.items():
+        if not _EXERCISE_ID.match(ex_id):
+            raise ValueError(f"{file}: {ex_id!r} is not an exercise id (a lesson number and a "
+                             f"name, like '02.absmax_quantize'); {_REPAIR}")
         if not (isinstance(entry, dict) and isinstance(entry.get("at"), str)
-                and _valid_cases(entry.get("cases"))):
+                and _iso_time(entry["at"]) and _valid_cases(entry.get("cases"))):
             raise ValueError(f"{file}: the entry for {ex_id!r} is damaged ({entry!r}; expected "
                              f"{{'at': an ISO time, 'cases': a whole number >= 1}}); {_REPAIR}")
     return passed
+
+
+def _iso_time(text: str) -> bool:
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _valid_cases(cases) -> bool:
@@ -79,12 +90,17 @@ def _valid_cases(cases) -> bool:
 
 
 def _save(passed: dict[str, dict], file: Path) -> None:
-    file.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps({"version": 1, "passed": passed}, indent=1, sort_keys=True) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=file.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, file)   # atomic: a crash never leaves half a file
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=file.name, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, file)   # atomic: a crash never leaves half a file
+    except OSError as err:
+        raise OSError(f"cannot write your progress to {file} ({err.strerror or err}); set "
+                      f"${ENV} to a file in a folder you can write, e.g. "
+                      f"~/course_progress.json") from err
 
 
 def record_pass(exercise_id: str, cases: int, path: str | Path | None = None) -> None:

@@ -124,6 +124,20 @@ def _dtype_name(x) -> str:
     return str(x.dtype).replace("torch.", "")
 
 
+def _check_scale_normal(scale, spread, xf) -> None:
+    """Raise if a nonzero group's scale is below the smallest normal number of the dtype the
+    arithmetic runs in: such a scale (from float32 subnormals, max |x| below about 1.5e-36 for
+    INT8) has lost its precision or flushed to 0, and the codes would come out all zero."""
+    tiny = float(np.finfo(np.float64 if _dtype_name(xf) == "float64" else np.float32).tiny)
+    bad = (scale < tiny) & (spread > 0)                 # a group with values, a scale gone
+    if bool(bad.any()):
+        raise ValueError(f"values this small (a group's scale {float(scale[bad].max()):.3g} is "
+                         f"below {_dtype_name(xf)}'s smallest normal number {tiny:.3g}) cannot be "
+                         f"quantized in {_dtype_name(xf)}: their codes would be all zero or "
+                         f"imprecise. Multiply x by a power of two first (and divide the scale "
+                         f"by it afterwards), or quantize a float64 copy")
+
+
 def _check_finite(x, what: str = "x") -> None:
     """Raise if x holds NaN or inf: one would poison its whole block's absmax scale."""
     if _is_torch(x):
@@ -264,7 +278,8 @@ def zero_point(x_min: float, x_max: float, bits: int = 4):
     The range is first widened to include 0 (lo = min(x_min, 0), hi = max(x_max, 0), so 0 is
     stored exactly), then spread over the 2**bits levels 0..2**bits-1:
     scale = (hi - lo) / (2**bits - 1), zero = round(-lo / scale), clamped to 0..2**bits-1.
-    Example: -0.4..1.1 in INT4 -> scale 0.1, zero 4. An empty range gets (1.0, 0).
+    Example: -0.4..1.1 in INT4 -> scale 0.1, zero 4. A range still empty after the widening
+    (x_min == x_max == 0) gets (1.0, 0); 0.5..0.5 widens to 0..0.5 and is not empty.
     """
     if not (math.isfinite(x_min) and math.isfinite(x_max)):
         raise ValueError(f"zero_point needs a finite range, got {x_min}..{x_max}")
@@ -367,6 +382,8 @@ def quantize(x, fmt: str = "int8", granularity: str = "per_channel", group_size=
                          f"(use symmetric=True, or an integer format such as uint4)")
     if kind == "int" and asym:
         levels = 2 ** bits - 1
+        spread = _clip(_amax_raw(xg), 0.0, None) - _clip(_amin_raw(xg), None, 0.0)
+        _check_scale_normal(spread / levels, spread, xf)
         scale, z = _minmax_params(_amin_raw(xg), _amax_raw(xg), bits)  # (..., n_groups, 1)
         q = _clip(_round(xg / scale) + z, 0, levels)
         q, zero = _cast(q, "uint8"), _cast(z[..., 0], "int32")
@@ -377,7 +394,9 @@ def quantize(x, fmt: str = "int8", granularity: str = "per_channel", group_size=
             qmax = _format_max(fmt)
         else:
             qmax = 1.0
-        scale = _amax(xg) / qmax  # (..., n_groups, 1)
+        amax = _amax(xg)  # (..., n_groups, 1)
+        scale = amax / qmax
+        _check_scale_normal(scale, amax, xf)
         scale = _where(scale == 0, scale * 0 + 1, scale)
         y = xg / scale
         if kind == "int":

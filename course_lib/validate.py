@@ -23,6 +23,8 @@ RUNGS = ("kl", "top1", "task", "generation")
 
 
 def _as_1d_ids(x, what: str) -> torch.Tensor:
+    if isinstance(x, (list, tuple)) and len(x) == 0:
+        return torch.zeros(0, dtype=torch.long)        # an empty generation: no ids, no dtype
     t = torch.as_tensor(x)
     if t.dim() != 1:
         raise ValueError(f"{what} must be a 1-D sequence of token ids; got shape {tuple(t.shape)}")

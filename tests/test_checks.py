@@ -38,6 +38,16 @@ def test_every_known_wrong_answer_is_rejected(ex_id):
         assert "input:" in result.report and "hint:" in result.report
 
 
+@pytest.mark.parametrize("ex_id", sorted(i for i in EXERCISES if EXERCISES[i].right))
+def test_every_other_right_reading_passes(ex_id):
+    """A task sentence read another reasonable way (another precision, another order of exact
+    steps) that is right in exact arithmetic must pass too: the checker does not reward
+    guessing which reading it holds."""
+    for i, right in enumerate(EXERCISES[ex_id].right):
+        result = check(ex_id, right, quiet=True)
+        assert result, f"{ex_id}: right reading #{i} ({right.__name__}) failed:\n{result.report}"
+
+
 # ---- the checker itself, on a toy exercise ---------------------------------------------------
 
 def _double(x):

@@ -62,13 +62,20 @@ def title(stem: str) -> str:
 
 
 def reading_minutes(stem: str) -> int | None:
-    """Markdown words / 200, rounded (the rule tests/test_reading_time.py holds lessons to)."""
-    path = ROOT / "notebooks" / f"{stem}.ipynb"
-    if not path.exists():
+    """The lesson's reading time by the rule its header states
+    (``course_lib.authoring.reading_time``: prose, its code, printed source); None if unwritten."""
+    from course_lib.authoring import reading_time
+    if not (ROOT / "notebooks" / f"{stem}.ipynb").exists():
         return None
-    words = sum(len(re.findall(r"\S+", "".join(c["source"]))) for c in _cells(path)
-                if c["cell_type"] == "markdown")
-    return max(1, round(words / 200))
+    return reading_time.lesson_time(stem).reading_minutes
+
+
+def exercise_minutes(stem: str) -> int | None:
+    """The time its exercises take by the same rule (None: no lesson yet)."""
+    from course_lib.authoring import reading_time
+    if not (ROOT / "notebooks" / f"{stem}.ipynb").exists():
+        return None
+    return reading_time.lesson_time(stem).exercise_minutes
 
 
 def exercises(stem: str) -> list[dict]:
@@ -170,19 +177,24 @@ def busy_note(times: dict) -> str:
 
 def lessons_table(times: dict | None) -> str:
     """README: each lesson with its reading time, its CPU run time and its exercises."""
-    rows = ["| lesson | notebook | reading | CPU time to run | exercises |",
-            "| --- | --- | --- | --- | --- |"]
+    rows = ["| lesson | notebook | reading | CPU time to run | exercises | exercise time |",
+            "| --- | --- | --- | --- | --- | --- |"]
     for stem in lesson_stems():
-        minutes = reading_minutes(stem)
+        minutes, ex_minutes = reading_minutes(stem), exercise_minutes(stem)
         exists = (ROOT / "notebooks" / f"{stem}.ipynb").exists()
         rows.append(f"| {title(stem)} | `{stem}.ipynb`{'' if exists else ' (being written)'} | "
                     f"{f'~{minutes} min' if minutes else '-'} | "
-                    f"{_s(_t(times, 'notebooks', stem))} | {len(exercises(stem)) or '-'} |")
+                    f"{_s(_t(times, 'notebooks', stem))} | {len(exercises(stem)) or '-'} | "
+                    f"{f'~{ex_minutes} min' if ex_minutes else '-'} |")
     if times:
         m = times["machine"]
         threads = ("one torch thread" if times["omp_num_threads"] == "1"
                    else f"OMP_NUM_THREADS={times['omp_num_threads'] or 'unset'}")
-        rows += ["", f"Reading: markdown words at 200 a minute. CPU time: the notebook's kernel, "
+        rows += ["", f"Reading and exercise times: the rule each lesson's header states "
+                     f"(`course_lib.authoring.reading_time`): prose at 200 words a minute, the "
+                     f"lesson's own code at 20 lines a minute, library and kernel source it "
+                     f"prints for study at 5; each exercise 5 minutes plus 2 a line of its "
+                     f"solution. CPU time: the notebook's kernel, "
                      f"measured in a test run ({times['measured']}, {m['cpu']}, {threads}), summed "
                      f"over its threads; on an idle machine a notebook's wall time is at most "
                      f"this, plus a few seconds to start the kernel and drive it{busy_note(times)}. Solutions and exercise notebooks, and how busy the "
@@ -221,6 +233,30 @@ def times_table(times: dict | None) -> str:
                  f"{times['omp_num_threads'] or 'unset'}; 1-minute load average "
                  f"{load['min']:.1f}-{load['max']:.1f} during the run."
                  + (f" {times['note']}" if times.get("note") else "")]
+    return "\n".join(rows)
+
+
+def study_table() -> str:
+    """Instructors: each lesson's reading and exercise time by the headers' rule."""
+    from course_lib.authoring import reading_time as rt
+    rows = ["| lesson | prose words | its code lines | printed source lines | reading | "
+            "exercises | exercise time | total |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for stem in lesson_stems():
+        if not (ROOT / "notebooks" / f"{stem}.ipynb").exists():
+            rows.append(f"| {title(stem)} | - | - | - | - | - | - | - |")
+            continue
+        t = rt.lesson_time(stem)
+        total = t.reading_minutes + t.exercise_minutes
+        rows.append(f"| {title(stem)} | {t.words:,} | {t.code_lines} | {t.source_lines} | "
+                    f"{t.reading_minutes} min | {t.exercises} | {t.exercise_minutes} min | "
+                    f"{total // 60} h {total % 60:02d} |")
+    rows += ["", f"Reading: prose at {rt.WORDS_PER_MINUTE} words a minute, the lesson's own code "
+                 f"at {rt.CODE_LINES_PER_MINUTE} lines a minute, printed library and kernel "
+                 f"source at {rt.SOURCE_LINES_PER_MINUTE}; exercises: "
+                 f"{rt.EXERCISE_BASE_MINUTES} minutes each plus "
+                 f"{rt.EXERCISE_MINUTES_PER_LINE} a line of solution "
+                 f"(`course_lib.authoring.reading_time`, which also writes each lesson's header)."]
     return "\n".join(rows)
 
 
@@ -273,8 +309,8 @@ def gpu_table() -> str:
 
 def sections(times: dict | None) -> dict[str, dict[str, str]]:
     """Each document's generated tables, by name."""
-    return {"instructors": {"times": times_table(times), "exercises": exercises_table(),
-                            "gpu": gpu_table()},
+    return {"instructors": {"study": study_table(), "times": times_table(times),
+                            "exercises": exercises_table(), "gpu": gpu_table()},
             "readme": {"lessons": lessons_table(times)}}
 
 

@@ -4,13 +4,15 @@ Each exercise is registered once, in ``course_lib/checks/lessonNN.py``, with
 
 - a reference implementation (the library's own code: one source per algorithm),
 - cases: many inputs, edge cases included (each with a label a learner can read),
-- hints in steps (``hint`` a string or a list): the first, shown on failure, says what to
-  think about and never gives the answer; later steps come with ``hint(exercise_id, level=2)``,
+- hints in steps (``hint`` a string or a list): the first says what to think about and never
+  gives the answer; later steps come with ``hint(exercise_id, level=2)``. A failure quotes the
+  hint of the case that failed: ``Case.hint`` (a hint written for that case, a step number, or
+  ``""`` for none), else the first step,
 - plausible wrong implementations, which ``tests/test_checks.py`` feeds to the checker
   to prove that it rejects each one.
 
 ``check`` runs the learner's function on every case and prints what passed. On a failure
-it shows the input, the expected and the actual value, and the hint. Every case also compares
+it shows the input, the expected and the actual value, and the hint for that case. Every case also compares
 the arguments after the call with a copy taken before it: a function that changes its input
 in place (a tensor, an array, a list or dict, a module's weights) fails, naming the argument,
 unless the exercise says that changing it is its job (``Exercise.mutates``). When the function
@@ -47,11 +49,15 @@ from course_lib.compare import cmp
 
 @dataclass
 class Case:
-    """One input to an exercise. ``raises``: the learner's function must raise this type."""
+    """One input to an exercise. ``raises``: the learner's function must raise this type.
+    ``hint``: what a failure on this case quotes: a hint written for this case (str, said as
+    hint level 1 is: what to think about), the number of one of the exercise's hint steps,
+    ``""`` for no hint, or None for the exercise's first step."""
     args: tuple
     kwargs: dict = field(default_factory=dict)
     label: str = ""
     raises: type[BaseException] | None = None
+    hint: str | int | None = None
 
 
 @dataclass
@@ -69,10 +75,14 @@ class Exercise:
     signed_zero: bool = False   # -0.0 and +0.0 differ (formats with a sign bit on zero)
     int_results: bool = False   # where the reference returns an int, the answer must be one
     float_results: bool = False  # where the reference returns a float, the answer must be a
-                                 # Python (or numpy) float, not a 0-d tensor
+                                 # Python float (np.float64 is one), not a 0-d tensor nor a
+                                 # float32/float16 numpy scalar
     mutates: tuple[str, ...] = ()  # arguments the exercise asks to change in place (by name
                                    # as in the reference's signature); every other argument
                                    # must come back unchanged
+    right: list[Callable] = field(default_factory=list)  # other readings of the task that are
+                                   # also right (another precision, another order of exact
+                                   # steps): tests/test_checks.py proves the checker passes each
 
     @property
     def hints(self) -> list[str]:
@@ -157,7 +167,7 @@ def compare_answer(expected, actual, rtol: float, atol: float, check_dtype: bool
             and not isinstance(actual, (int, np.integer))):
         return f"expected a whole number (int), got {type(actual).__name__} {actual!r}"
     if (float_results and isinstance(expected, (float, np.floating))
-            and not isinstance(actual, (float, np.floating))):
+            and not isinstance(actual, float)):          # np.float64 is a float; float32 is not
         return (f"expected a Python float, got {type(actual).__name__} {_short(actual, 80)} "
                 f"(wrap it in float(...))")
     result = cmp("answer", expected, actual, rtol=rtol, atol=atol, check_dtype=check_dtype,
@@ -338,8 +348,32 @@ def _first_hint(ex: Exercise) -> str:
     return ex.hints[0] + tail
 
 
-def hint(exercise_id: str, level: int = 1) -> str:
-    """Print and return hint step ``level`` (1 = what to think about) of an exercise (every lesson)."""
+def case_hint(ex: Exercise, case: Case) -> str:
+    """The hint a failure on ``case`` quotes ("" for none): see ``Case.hint``."""
+    if case.hint is None:
+        return _first_hint(ex)
+    if isinstance(case.hint, str):
+        more = f" (the exercise's steps: hint({ex.id!r}), then level=2)" if case.hint else ""
+        return case.hint + more
+    if isinstance(case.hint, bool) or not 1 <= case.hint <= len(ex.hints):
+        raise ValueError(f"{ex.id}: a case names hint step {case.hint!r}; the exercise has "
+                         f"steps 1..{len(ex.hints)}")
+    n = case.hint
+    more = f" (next: hint({ex.id!r}, level={n + 1}))" if n < len(ex.hints) else ""
+    return f"step {n}: {ex.hints[n - 1]}{more}"
+
+
+class HintText(str):
+    """The text ``hint`` printed. Jupyter shows a cell's last value too; this one it leaves
+    out (``_ipython_display_`` shows nothing), so a hint appears once."""
+
+    def _ipython_display_(self) -> None:
+        return None
+
+
+def hint(exercise_id: str, level: int = 1) -> HintText:
+    """Print hint step ``level`` (1 = what to think about) of an exercise, once, and return its
+    text (every lesson)."""
     ex = _exercise(exercise_id)
     if not isinstance(level, int) or isinstance(level, bool) or level < 1:
         raise ValueError(f"level must be a whole number >= 1, got {level!r}")
@@ -350,7 +384,7 @@ def hint(exercise_id: str, level: int = 1) -> str:
         more = (f"  (next: hint({exercise_id!r}, level={level + 1}))" if level < len(steps) else "")
         text = f"{exercise_id} hint {level}/{len(steps)}: {steps[level - 1]}{more}"
     print(text)
-    return text
+    return HintText(text)
 
 
 def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
@@ -396,9 +430,10 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
                 if problem:
                     problem += f"\n    expected: {_short(expected)}\n    actual:   {_short(actual)}"
         if problem:
+            quoted = case_hint(ex, case)
             report = (f"{exercise_id} ({ex.title}): {where} FAILED\n    input:    {shown_input}\n"
-                      f"    problem:  {problem}\n    hint:     {_first_hint(ex)}\n"
-                      f"    ({i} of {len(cases)} cases passed before this one)")
+                      f"    problem:  {problem}\n" + (f"    hint:     {quoted}\n" if quoted else "")
+                      + f"    ({i} of {len(cases)} cases passed before this one)")
             say(report)
             if _mode() != "learner":
                 raise AssertionError(report)
@@ -441,5 +476,5 @@ def yours_or_library(result: "CheckResult", yours: Callable, library: Callable,
     return library
 
 
-__all__ = ["yours_or_library", "Case", "Exercise", "register", "check", "hint", "load_all", "EXERCISES", "CheckResult",
-           "compare_answer", "changed_inputs"]
+__all__ = ["yours_or_library", "Case", "Exercise", "register", "check", "hint", "HintText",
+           "case_hint", "load_all", "EXERCISES", "CheckResult", "compare_answer", "changed_inputs"]

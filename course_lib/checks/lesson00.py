@@ -104,7 +104,18 @@ def _kv_cases():
              label="head_dim present but null (as some config.json files write it): derive it"),
         Case(({**gpt2_like, "num_key_value_heads": None, "head_dim": None}, 1),
              label="num_key_value_heads and head_dim both null: plain multi-head"),
+        Case(({"num_hidden_layers": 2, "num_attention_heads": 7, "hidden_size": 100},),
+             label="no head_dim and hidden_size 100 over 7 heads: not a whole head_dim, raise "
+             "ValueError", raises=ValueError,
+             hint="100 / 7 is not a whole number of channels: what should a head_dim that "
+                  "cannot be derived do, and does your division notice?"),
     ]
+
+
+def _kv_true_division(config, bytes_per_value=2.0):   # hidden_size / heads: a float head_dim
+    kv = config.get("num_key_value_heads") or config["num_attention_heads"]
+    hd = config.get("head_dim") or config["hidden_size"] / config["num_attention_heads"]
+    return 2 * config["num_hidden_layers"] * kv * hd * bytes_per_value
 
 
 def _kv_no_factor_two(config, bytes_per_value=2.0):
@@ -165,9 +176,11 @@ register(Exercise(
           "num_key_value_heads, or num_attention_heads when it is missing. head_dim: the "
           "config's own when present (Gemma 2's differs from hidden_size / heads).",
           "kv = config.get('num_key_value_heads') or config['num_attention_heads']; "
-          "hd = config.get('head_dim') or config['hidden_size'] // config['num_attention_heads']."],
+          "hd = config.get('head_dim') or config['hidden_size'] // config['num_attention_heads'] "
+          "(ValueError when hidden_size % num_attention_heads is not 0)."],
     wrong=[_kv_no_factor_two, _kv_attention_heads, _kv_head_dim_from_hidden, _kv_bits,
-           _kv_requires_kv_heads, _kv_head_dim_only_for_mha, _kv_head_dim_key_present],
+           _kv_requires_kv_heads, _kv_head_dim_only_for_mha, _kv_head_dim_key_present,
+           _kv_true_division],
 ))
 
 # ---------------------------------------------------------------------------------------
@@ -267,7 +280,28 @@ def _conv_cases():
         Case((80, 0.9, 30.0, kv70, -8000), raises=ValueError, label="negative tokens"),
         Case((80, 1.5, 30.0, kv70, 8000), raises=ValueError,
              label="usable_fraction 1.5: more than the whole GPU"),
+        Case((80, 0.9, 30.0, kv70, 8000.5), raises=ValueError,
+             label="8000.5 tokens: half a token, raise ValueError"),
+        Case((80, float("nan"), 30.0, kv70, 8000), raises=ValueError,
+             label="usable_fraction NaN: outside (0, 1], raise ValueError", hint="A NaN fails every comparison: `x < 0 or x > 1` lets it through, `not 0 <= x <= 1` does not."),
     ]
+
+
+def _conv_nan_fraction(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token,
+                       tokens_per_conversation):          # range checked with < and >: NaN passes
+    if tokens_per_conversation <= 0 or tokens_per_conversation != int(tokens_per_conversation) \
+            or usable_fraction <= 0 or usable_fraction > 1:
+        raise ValueError("bad input")
+    free = (gpu_memory_gb * usable_fraction - weight_gb) * 1e9
+    return max(0, math.floor(free / (kv_bytes_per_token * tokens_per_conversation))) \
+        if free == free else 0
+
+
+def _conv_half_token(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token,
+                     tokens_per_conversation):            # every check but a whole token count
+    _conv_check(tokens_per_conversation, usable_fraction)
+    free = (gpu_memory_gb * usable_fraction - weight_gb) * 1e9
+    return max(0, math.floor(free / (kv_bytes_per_token * tokens_per_conversation)))
 
 
 def _conv_check(tokens_per_conversation, usable_fraction=1.0):
@@ -325,8 +359,9 @@ register(Exercise(
           "free bytes = (gpu_memory_gb x usable_fraction - weight_gb) x 1e9; one conversation "
           "= kv_bytes_per_token x tokens_per_conversation; round the quotient down, never "
           "below 0.",
-          "Refuse tokens_per_conversation <= 0 and a usable_fraction outside (0, 1] with "
-          "ValueError; then max(0, math.floor(free / per_conversation))."],
+          "Refuse a tokens_per_conversation that is not a whole number >= 1 and a "
+          "usable_fraction outside (0, 1] with ValueError; then "
+          "max(0, math.floor(free / per_conversation))."],
     wrong=[_conv_round, _conv_all_memory, _conv_gib, _conv_negative, _conv_fraction_unchecked,
-           _conv_ceil],
+           _conv_ceil, _conv_half_token, _conv_nan_fraction],
 ))

@@ -26,8 +26,35 @@ def _absmax_cases():
         Case((np.zeros(5), 8), label="all zeros (scale must not be 0)"),
         Case((np.array([7.0, 0.5, 1.5, 2.5, -2.5, -0.5, 3.5]), 4),
              label="exact ties (x / scale = 0.5, 1.5, 2.5, ...): round half to even"),
-        Case((np.array([0.2, -0.05, 0.1], dtype=np.float32), 8), label="float32 input"),
+        # no value here sits within a rounding of a tie, so float64 and float32 arithmetic
+        # give the same codes (tests/test_checks.py runs both readings, ``right`` below)
+        Case((np.array([0.2, -0.05, 0.11, 0.7, -0.33], dtype=np.float32), 8),
+             label="float32 input (compute in float64 or float32: both pass)",
+             hint="A float32 x: q must still be np.int8 codes and scale a Python float "
+                  "(float(...)); either precision is fine here."),
+        Case((np.array([3, -1, 2]), 4), label="integer input: the codes of 3, -1, 2",
+             hint="x may hold integers: does your division truncate, and is q still np.int8?"),
     ]
+
+
+def _right_absmax_float64(x, bits):  # everything in float64 first: also right
+    x = np.asarray(x, dtype=np.float64)
+    qmax = 2 ** (bits - 1) - 1
+    scale = float(np.abs(x).max()) / qmax or 1.0
+    return np.clip(np.round(x / scale), -qmax, qmax).astype(np.int8), scale
+
+
+def _right_absmax_own_dtype(x, bits):  # scale and x / scale in x's own float dtype
+    qmax = 2 ** (bits - 1) - 1
+    dt = x.dtype if x.dtype.kind == "f" else np.dtype(np.float64)
+    scale = np.abs(x).max().astype(dt) / dt.type(qmax)
+    scale = scale if scale != 0 else dt.type(1.0)
+    return np.clip(np.round(x.astype(dt) / scale), -qmax, qmax).astype(np.int8), float(scale)
+
+
+def _wrong_absmax_numpy_scale(x, bits):  # scale left as a numpy scalar of x's dtype
+    q, scale = quant.absmax_quantize(x, bits)
+    return q, np.asarray(x).dtype.type(scale) if np.asarray(x).dtype.kind == "f" else scale
 
 
 def _wrong_absmax_pow2(x, bits):  # divides by 2**bits instead of qmax
@@ -78,9 +105,13 @@ register(Exercise(
           "qmax = 2**(bits-1) - 1 (127 for INT8, 7 for INT4); scale = max(|x|) / qmax; "
           "np.round rounds halves to even (floor(v + 0.5) does not).",
           "q = np.clip(np.round(x / scale), -qmax, qmax).astype(np.int8); use scale 1.0 when "
-          "max(|x|) is 0; return (q, float(scale))."],
+          "max(|x|) is 0; return (q, float(scale)). Work in float64 or in x's own dtype: "
+          "either passes."],
     wrong=[_wrong_absmax_pow2, _wrong_absmax_floor, _wrong_absmax_signed_max,
-           _wrong_absmax_no_zero_guard, _wrong_absmax_float_codes, _wrong_absmax_half_up],
+           _wrong_absmax_no_zero_guard, _wrong_absmax_float_codes, _wrong_absmax_half_up,
+           _wrong_absmax_numpy_scale],
+    right=[_right_absmax_float64, _right_absmax_own_dtype],
+    float_results=True,
 ))
 
 
@@ -93,7 +124,8 @@ def _zp_cases():
         Case((0.2, 1.5, 4), label="range above zero (widen it to include 0)"),
         Case((-3.0, -1.0, 8), label="range below zero"),
         Case((-0.05, 0.7, 3), label="3 bits"),
-        Case((0.0, 0.0, 4), label="empty range (scale 1.0, zero 0)"),
+        Case((0.0, 0.0, 4), label="a range still empty after widening to include 0 (0..0): "
+             "scale 1.0, zero 0"),
         Case((0.5, 0.5, 4), label="x_min == x_max = 0.5: widened to 0..0.5, not empty"),
         Case((-0.3, -0.3, 8), label="x_min == x_max = -0.3: widened to -0.3..0, not empty"),
         Case((-0.25, 1.25, 2), label="a tie: -x_min / scale = 0.5 exactly, rounds to even 0"),
@@ -180,7 +212,8 @@ register(Exercise(
           "lowest and the highest code; the zero point is the code of 0.0, i.e. -lo / scale "
           "rounded (Python's round: ties to even).",
           "scale = (hi - lo) / (2**bits - 1); zero = int(round(-lo / scale)) clamped to "
-          "0..2**bits - 1; an empty range returns (1.0, 0); x_min > x_max raises ValueError."],
+          "0..2**bits - 1; a range still empty after widening (0..0) returns (1.0, 0); "
+          "x_min > x_max raises ValueError."],
     int_results=True,
     wrong=[_wrong_zp_no_widen, _wrong_zp_pow2, _wrong_zp_sign, _wrong_zp_unclamped_no_guard,
            _wrong_zp_half_up, _wrong_zp_float_zero, _wrong_zp_equal_is_empty],
@@ -270,6 +303,10 @@ def _metric_cases():
         Case((g, g + 0.1 * rng.normal(size=256)), label="noise at 1/10 of the signal"),
         Case((np.array([1.0, -2.0, 2.0]), np.array([1.0, -1.0, 2.0])), label="one error of 1"),
         Case((np.array([3.0, -4.0]), np.array([3.0, -4.0])), label="exact (SQNR is inf)"),
+        Case((np.zeros(4), np.zeros(4)), label="all zeros, reproduced exactly: no noise, SQNR "
+             "inf (not 0 / 0 = NaN)",
+             hint="With no noise at all the SQNR is inf, whatever the signal: test the noise "
+                  "before dividing."),
         Case((np.array([0.5, -0.25, 0.125], dtype=np.float32),
               np.array([0.5, -0.5, 0.0], dtype=np.float32)), label="float32 arrays"),
         Case((np.array([0, 100, 200, 255], dtype=np.uint8),
@@ -309,6 +346,14 @@ def _wrong_metrics_amplitude(x, x_hat):  # ratio of sums of |.|, not of squares
             if np.any(e) else math.inf}
 
 
+def _wrong_metrics_nan_no_noise(x, x_hat):  # divides first: 0 / 0 gives NaN for zero noise
+    x, e = np.asarray(x, np.float64), np.asarray(x, np.float64) - np.asarray(x_hat, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sq = float(10 * np.log10(np.sum(x ** 2) / np.sum(e ** 2)))
+    return {"mae": float(np.mean(np.abs(e))), "rmse": float(np.sqrt(np.mean(e ** 2))),
+            "sqnr_db": sq}
+
+
 def _wrong_metrics_int_dtype(x, x_hat):  # right formulas, in the inputs' own dtype
     e = x - x_hat
     signal, noise = np.sum(x * x, dtype=x.dtype), np.sum(e * e, dtype=e.dtype)
@@ -332,5 +377,5 @@ register(Exercise(
           "Return {'mae': ..., 'rmse': ..., 'sqnr_db': ...} as Python floats, with "
           "math.inf for sqnr_db when sum(e**2) == 0."],
     wrong=[_wrong_metrics_signed, _wrong_metrics_no_sqrt, _wrong_metrics_20log,
-           _wrong_metrics_amplitude, _wrong_metrics_int_dtype],
+           _wrong_metrics_amplitude, _wrong_metrics_int_dtype, _wrong_metrics_nan_no_noise],
 ))

@@ -20,6 +20,19 @@ def _tgt(n, v, seed):
 
 # ---------------------------------------------------------------- 04.bits_per_byte
 
+def _confident_miss():
+    """Two positions over 4 tokens whose targets got log-prob -120 and -2 (float32)."""
+    lp = torch.tensor([[-120.0, 0.0, -150.0, -150.0], [-0.5, -2.0, -1.5, -10.0]])
+    return torch.log_softmax(lp, -1)
+
+
+def _wrong_bpb_through_probs(lp, tgt, bytes_per_token=1.0):  # log(exp(lp)): underflows
+    if int(tgt.min()) < 0 or int(tgt.max()) >= lp.shape[1]:
+        raise ValueError("target out of range")
+    return float(-torch.log(lp.exp().gather(1, tgt[:, None])).mean()) / math.log(2) / \
+        bytes_per_token
+
+
 def _bpb_cases():
     uniform = torch.full((5, 256), -math.log(256.0))
     return [
@@ -31,6 +44,10 @@ def _bpb_cases():
               torch.tensor([1, 0])), label="hand-checkable: (2 + ~0) / 2 = 1 bit"),
         Case((_lp(6, 256, 5), _tgt(6, 256, 6)), {"bytes_per_token": 2.0},
              label="bytes_per_token passed by name"),
+        Case((_confident_miss(), torch.tensor([0, 1])),
+             label="a target given log-prob -120 (a confident miss): exp(-120) is 0 in float32",
+             hint="Work with the log-probabilities themselves: exp(-120) underflows to 0 in "
+                  "float32, and log(0) is -inf, though -120 was there all along."),
         Case((_lp(4, 10, 4), torch.tensor([0, 1, 2, 10])),
              label="target 10 with a vocabulary of 10: raise ValueError", raises=ValueError),
         Case((_lp(4, 10, 4), torch.tensor([0, -1, 2, 3])),
@@ -82,7 +99,7 @@ register(Exercise(
           "Divide the nats by math.log(2) for bits, then by bytes_per_token, and return "
           "float(...) (a Python float, not a 0-d tensor)."],
     wrong=[_wrong_bpb_nats, _wrong_bpb_argmax, _wrong_bpb_times, _wrong_bpb_entropy,
-           _wrong_bpb_tensor],
+           _wrong_bpb_tensor, _wrong_bpb_through_probs],
     rtol=1e-4, atol=1e-6, float_results=True,
 ))
 
@@ -106,8 +123,21 @@ def _kl_cases():
         Case((torch.log(torch.tensor([[0.5, 0.5, 0.0], [0.0, 1.0, 0.0]])),
               torch.log(torch.tensor([[0.25, 0.5, 0.25], [0.1, 0.8, 0.1]]))),
              label="reference probabilities of exactly 0 (log-prob -inf): 0 ln 0 counts as 0"),
+        Case((torch.log_softmax(torch.tensor([[0.0, -1.0, -3.0]]), -1),
+              torch.log_softmax(torch.tensor([[0.0, -120.0, -3.0]]), -1)),
+             label="the variant gives a likely token log-prob -120: exp(-120) is 0 in float32",
+             hint="Subtract log-probabilities directly: log(exp(-120)) is -inf in float32 and "
+                  "turns a finite KL into inf."),
         Case((p, p[:10]), label="different shapes: raise ValueError", raises=ValueError),
     ]
+
+
+def _wrong_kl_through_probs(ref_lp, lp):                # log(P) - log(Q) from probabilities
+    if ref_lp.shape != lp.shape:
+        raise ValueError("shapes differ")
+    p, q = ref_lp.exp(), lp.exp()
+    kl = torch.where(p > 0, p * (torch.log(p) - torch.log(q)), torch.zeros_like(p)).sum(-1).mean()
+    return float(kl), float((ref_lp.argmax(-1) == lp.argmax(-1)).float().mean())
 
 
 def _wrong_kl_reversed(ref_lp, lp):                     # KL(variant || reference)
@@ -185,7 +215,8 @@ register(Exercise(
           "top1 = (ref_lp.argmax(-1) == lp.argmax(-1)).float().mean() (argmax takes the first "
           "of tied maxima); return float(kl), float(top1)."],
     wrong=[_wrong_kl_reversed, _wrong_kl_bits, _wrong_kl_no_weights, _wrong_top1_count,
-           _wrong_kl_nan_at_zero, _wrong_top1_last_tie, _wrong_top1_any_max, _wrong_kl_tensors],
+           _wrong_kl_nan_at_zero, _wrong_top1_last_tie, _wrong_top1_any_max, _wrong_kl_tensors,
+           _wrong_kl_through_probs],
     rtol=1e-4, atol=1e-6, float_results=True,
 ))
 

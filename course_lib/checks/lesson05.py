@@ -30,6 +30,9 @@ def _rows_cases():
         Case((torch.tensor([[127.0, 0.5, 1.5, 2.5, -0.5, -2.5, 3.5]]),),
              label="exact ties (scale 1): round half to even, 0.5 -> 0, 2.5 -> 2, 3.5 -> 4"),
         Case((_x(5, 12, 7).double(),), label="float64 input: the scale is still float32"),
+        Case((_x(6, 32, 9).bfloat16(),), label="bfloat16 activations: computed in float32 "
+             "(a bfloat16 max / 127 rounds to 8 bits)",
+             hint="Converting the result is too late: in which dtype were the maxima divided (or raised to a power)? Convert to float32 first."),
         Case((_nan_rows(),), label="a NaN in x: raise ValueError", raises=ValueError),
     ]
 
@@ -64,6 +67,14 @@ def _wrong_rows_zero_scale(x):                           # an all-zero row gets 
     return q, s
 
 
+def _wrong_rows_in_bf16(x):                              # scale computed in x's bf16, cast after
+    if not torch.isfinite(x).all():
+        raise ValueError("NaN or inf")
+    s = x.abs().amax(1) / 127
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    return torch.round(x / s[:, None]).clamp(-127, 127).to(torch.int8), s.float()
+
+
 def _wrong_rows_half_up(x):                              # ties rounded up, not to even
     s = x.abs().amax(1) / 127
     s = torch.where(s == 0, torch.ones_like(s), s)
@@ -95,7 +106,7 @@ register(Exercise(
           "q int8 (rows, K) and scale float32 (rows,), whatever x's dtype; raise ValueError "
           "when x holds NaN or inf (torch.isfinite)."],
     wrong=[_wrong_rows_128, _wrong_rows_columns, _wrong_rows_truncate, _wrong_rows_zero_scale,
-           _wrong_rows_half_up, _wrong_rows_input_dtype, _wrong_rows_nan_passes],
+           _wrong_rows_half_up, _wrong_rows_input_dtype, _wrong_rows_nan_passes, _wrong_rows_in_bf16],
     rtol=1e-6, atol=0,
 ))
 

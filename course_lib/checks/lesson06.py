@@ -31,8 +31,12 @@ def _hessian_cases():
         Case((x_dead,), label="an input that is always 0 (a dead input)"),
         Case((_x(1, 5, 1),), label="a single token"),
         Case((_x(300, 16, 2),), label="300 tokens: H must not grow with the number of tokens"),
-        Case((x.to(torch.bfloat16),), label="bfloat16 inputs: H must still be float32"),
-        Case((x.double(),), label="float64 inputs: H is float32 (the course accumulates in fp32)"),
+        Case((x.to(torch.bfloat16),), label="bfloat16 inputs: computed in float32, not in "
+             "bfloat16 and converted after",
+             hint="Converting the result is too late: in which dtype did the products and their "
+                  "sum happen? Convert x before multiplying."),
+        Case((x.double(),), label="float64 inputs: H comes back float32 (the course "
+             "accumulates in fp32)"),
         Case((torch.arange(4.0),), label="a 1-D vector: raise ValueError", raises=ValueError),
         Case((torch.tensor([[1.0, float("nan")], [0.0, 1.0]]),),
              label="a NaN in the inputs: raise ValueError (H would be NaN)", raises=ValueError),
@@ -69,6 +73,17 @@ def _wrong_h_input_dtype(x):      # H in the inputs' dtype (bf16 loses the small
     return 2 * x.T @ x / x.shape[0]
 
 
+def _wrong_h_cast_after(x):       # "returns float32", but the product was taken in bf16
+    _ok(x)
+    return (2 * x.T @ x / x.shape[0]).float()
+
+
+def _right_h_float64(x):          # computed in float64, returned in float32: also right
+    _ok(x)
+    x = x.double()
+    return (2 * x.T @ x / x.shape[0]).float()
+
+
 def _wrong_h_nan_ok(x):           # lets a NaN through
     if x.dim() != 2:
         raise ValueError("x must be (tokens, in)")
@@ -86,9 +101,11 @@ register(Exercise(
           "x holds one token per row, so X (in, N) of the paper is x.T: H = 2 * x.T @ x, divided "
           "by the number of tokens so its size does not depend on N.",
           "if x.dim() != 2 or not torch.isfinite(x).all(): raise ValueError(...); "
-          "x = x.float(); return 2 * x.T @ x / x.shape[0]"],
+          "x = x.float() (before the product: converting the result is too late); "
+          "return 2 * x.T @ x / x.shape[0]"],
     wrong=[_wrong_h_no_two, _wrong_h_sum, _wrong_h_tokens, _wrong_h_diag, _wrong_h_input_dtype,
-           _wrong_h_nan_ok],
+           _wrong_h_nan_ok, _wrong_h_cast_after],
+    right=[_right_h_float64],
     rtol=1e-4, atol=1e-5,
 ))
 
@@ -103,9 +120,15 @@ def _dampen_cases():
     return [
         Case((torch.diag(torch.tensor([1.0, 2.0, 3.0])), 0.1), label="diagonal H: mean diag 2"),
         Case((H, 0.01), label="a real H, 1% dampening"),
-        Case((Hd, 0.01), label="input 2 is dead: its diagonal becomes 1 before dampening"),
+        Case((Hd, 0.01), label="input 2 is dead: its diagonal becomes 1 before dampening, and "
+             "that 1 counts in the mean",
+             hint="Which diagonal is the mean taken over: H as it came, or H after the dead "
+                  "inputs got their 1?"),
         Case((H, 0.0), label="damp 0: only dead inputs change"),
-        Case((torch.zeros(3, 3), 0.01), label="every input dead: identity, then 1% of 1 added"),
+        Case((torch.zeros(3, 3), 0.01), label="every input dead: identity, then 1% of its mean "
+             "diagonal (1) added",
+             hint="Which diagonal is the mean taken over: H as it came, or H after the dead "
+                  "inputs got their 1?"),
         Case((H.double(), 0.01), label="a float64 H stays float64"),
         Case((H, -0.1), label="negative damp: raise ValueError", raises=ValueError),
         Case((H, float("nan")), label="damp NaN: raise ValueError", raises=ValueError),
@@ -146,6 +169,15 @@ def _wrong_damp_no_dead(H, damp=0.01):       # dead inputs left at 0
     return H + damp * torch.mean(torch.diag(H)) * torch.eye(H.shape[0])
 
 
+def _wrong_damp_mean_before(H, damp=0.01):   # the mean taken before the dead inputs get 1
+    _damp_check(damp)
+    mean = torch.mean(torch.diag(H))
+    H = H.clone()
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1
+    return H + damp * mean * torch.eye(H.shape[0], dtype=H.dtype)
+
+
 def _wrong_damp_all_mean(H, damp=0.01):      # mean of every entry, not of the diagonal
     _damp_check(damp)
     H = H.clone()
@@ -170,12 +202,12 @@ register(Exercise(
     hint=["Two things can make H singular: an input that never fires (a zero row and column) "
           "and too few tokens. What does each fix add, and to which entries?",
           "First, where diag(H) == 0 set that diagonal entry to 1. Then add damp times the mean "
-          "of the diagonal to the diagonal only (torch.eye).",
+          "of that new diagonal (the 1s included) to the diagonal only (torch.eye).",
           "if not damp >= 0: raise ValueError(...)  (this refuses NaN too); H = H.clone(); "
           "dead = torch.diag(H) == 0; H[dead, dead] = 1; "
           "return H + damp * torch.diag(H).mean() * torch.eye(len(H), dtype=H.dtype)"],
     wrong=[_wrong_damp_absolute, _wrong_damp_no_dead, _wrong_damp_all_mean, _wrong_damp_everywhere,
-           _wrong_damp_nan_ok, *_HARNESS_SEES_MUTATION * [_wrong_damp_in_place]],
+           _wrong_damp_nan_ok, _wrong_damp_mean_before, *_HARNESS_SEES_MUTATION * [_wrong_damp_in_place]],
     rtol=1e-5, atol=1e-6,
 ))
 

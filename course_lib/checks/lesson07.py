@@ -27,6 +27,8 @@ def _scales_cases():
              label="a channel with mean |x| = 0 (clamp it to 1e-4 first)"),
         Case((mag.double(), 1.0), label="float64 magnitudes, alpha 1 (the grid's far end)"),
         Case((mag, 1.5), label="alpha outside [0, 1]: raise ValueError", raises=ValueError),
+        Case((mag, float("nan")), label="alpha NaN: not in [0, 1], raise ValueError",
+             raises=ValueError, hint="A NaN fails every comparison: `x < 0 or x > 1` lets it through, `not 0 <= x <= 1` does not."),
         Case((torch.tensor([1.0, float("nan"), 2.0]), 0.5),
              label="a NaN magnitude: raise ValueError", raises=ValueError),
         Case((torch.tensor([1.0, -2.0, 2.0]), 0.5),
@@ -52,6 +54,13 @@ def _a(alpha, m=None):
 def _wrong_sc_no_refusal(m, alpha):           # right formula, lets NaN and negatives through
     _a(alpha)
     s = m.clamp(min=1e-4).pow(alpha)
+    return s / (s.max() * s.min()).sqrt()
+
+
+def _wrong_sc_nan_alpha(m, alpha):            # alpha checked with < and >: NaN passes
+    if alpha < 0 or alpha > 1 or not torch.isfinite(m).all() or (m < 0).any():
+        raise ValueError("bad input")
+    s = m.clamp(min=1e-4) ** alpha
     return s / (s.max() * s.min()).sqrt()
 
 
@@ -89,7 +98,7 @@ register(Exercise(
           "sqrt(s.max() * s.min()).",
           "refuse alpha outside [0, 1] and magnitudes with a NaN or a negative entry; "
           "s = magnitude.clamp(min=1e-4) ** alpha; return s / (s.max() * s.min()).sqrt()"],
-    wrong=[_wrong_sc_no_norm, _wrong_sc_max, _wrong_sc_times, _wrong_sc_no_clamp,
+    wrong=[_wrong_sc_nan_alpha, _wrong_sc_no_norm, _wrong_sc_max, _wrong_sc_times, _wrong_sc_no_clamp,
            _wrong_sc_no_refusal],
     rtol=1e-5, atol=1e-7,
 ))

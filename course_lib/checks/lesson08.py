@@ -37,11 +37,30 @@ def _factor_cases():
         Case((zeros_a, zeros_w, 0.5), label="a zero activation max and a zero weight max: s = 1"),
         Case((a, w, 1.5), label="alpha 1.5: raise ValueError", raises=ValueError),
         Case((a, w, 50), label="alpha 50 (a percent): raise ValueError", raises=ValueError),
+        Case((a, w, float("nan")), label="alpha NaN: not in [0, 1], raise ValueError",
+             raises=ValueError, hint="A NaN fails every comparison: `x < 0 or x > 1` lets it through, `not 0 <= x <= 1` does not."),
         Case((a.double(), w.double(), 0.5), label="float64 maxima: the factors are float32"),
+        Case((a.half(), w.half(), 0.8), label="float16 maxima: computed in float32, not "
+             "float16 and converted after",
+             hint="Converting the result is too late: in which dtype were the maxima divided (or raised to a power)? Convert to float32 first."),
         Case((-a, w, 0.5), label="negative activation maxima (abs forgotten): raise ValueError",
              raises=ValueError),
         Case((a, nan_w, 0.5), label="a NaN weight maximum: raise ValueError", raises=ValueError),
     ]
+
+
+def _wrong_f_nan_alpha(act, wmax, alpha=0.5):          # alpha checked with < and >: NaN passes
+    if alpha < 0 or alpha > 1:
+        raise ValueError("alpha in [0, 1]")
+    return smoothquant.smoothing_factors(act, wmax, 0.5 if alpha != alpha else alpha)
+
+
+def _wrong_f_in_half(act, wmax, alpha=0.5):            # powers taken in fp16, cast after
+    if not 0 <= alpha <= 1 or bool((act < 0).any() | (wmax < 0).any()) or \
+            not bool(torch.isfinite(act).all() & torch.isfinite(wmax).all()):
+        raise ValueError("bad maxima")
+    s = act.pow(alpha) / wmax.pow(1 - alpha)
+    return torch.where((act > 0) & (wmax > 0), s, torch.ones_like(s)).float()
 
 
 def _wrong_f_swapped(act, wmax, alpha=0.5):            # exponents swapped
@@ -99,7 +118,7 @@ register(Exercise(
           "(torch.where). Raise ValueError unless 0 <= alpha <= 1, and for negative, NaN or "
           "infinite maxima; return float32."],
     wrong=[_wrong_f_swapped, _wrong_f_product, _wrong_f_ratio, _wrong_f_no_guard,
-           _wrong_f_input_dtype, _wrong_f_negative_ok],
+           _wrong_f_input_dtype, _wrong_f_negative_ok, _wrong_f_in_half, _wrong_f_nan_alpha],
     rtol=1e-5, atol=1e-6,
 ))
 

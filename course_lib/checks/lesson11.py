@@ -19,12 +19,20 @@ def keys_per_channel_reference(k, bits, group):
     return kv.kivi_dequantize_keys(d, bits)[0, 0]
 
 
-def _keys(S, hd, seed, outlier=None):
+def _keys(S, hd, seed, outlier=None, fp16=False):
+    """Random keys; ``fp16``: every value an fp16 number, so each group's minimum is stored
+    exactly and the order of the two fp16 roundings cannot matter (the cases that test the
+    axes, before the one that tests that order)."""
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(S, hd, generator=g)
     if outlier is not None:
         k[:, outlier] = k[:, outlier] * 30 + 5
-    return k
+    return k.half().float() if fp16 else k
+
+
+STORED_LO = ("The cache decodes with the lo it stores, in fp16, not the exact minimum. From "
+             "which lo must the scale be computed so that the top code still reaches the "
+             "group's maximum?")
 
 
 def _keys_cases():
@@ -39,11 +47,18 @@ def _keys_cases():
         Case((torch.zeros(32, 4), 2, 32), label="all-zero keys: zeros back, no NaN"),
         Case((nan, 2, 32), label="a NaN key: raise ValueError", raises=ValueError),
         Case((_keys(32, 4, 8), 0, 32), label="0 bits: raise ValueError", raises=ValueError),
-        Case((_keys(64, 16, 0), 2, 32), label="2 bits, two groups of 32 tokens"),
-        Case((_keys(32, 16, 1, outlier=4), 2, 32), label="an outlier channel (as real keys have)"),
-        Case((_keys(48, 8, 2), 4, 16), label="4 bits, groups of 16"),
+        Case((_keys(32, 4, 8), True, 32), label="bits=True (a bool, not a number of bits): "
+             "raise ValueError", raises=ValueError),
+        Case((_keys(32, 4, 8), 2.5, 32), label="bits=2.5: not a whole number, raise ValueError",
+             raises=ValueError),
+        Case((_keys(64, 16, 0, fp16=True), 2, 32), label="2 bits, two groups of 32 tokens"),
+        Case((_keys(32, 16, 1, outlier=4, fp16=True), 2, 32),
+             label="an outlier channel (as real keys have)"),
+        Case((_keys(48, 8, 2), 4, 16), label="minima that are not fp16 numbers: the scale "
+             "comes from the stored (rounded) lo", hint=STORED_LO),
+        Case((_keys(64, 16, 0), 2, 32), label="2 bits, float32 keys", hint=STORED_LO),
         Case((const, 2, 32), label="a constant channel: scale 0 must not divide by zero"),
-        Case((_keys(8, 4, 4) * 1e-3, 2, 8), label="tiny values"),
+        Case((_keys(8, 4, 4) * 1e-3, 2, 8), label="tiny values", hint=STORED_LO),
         Case((_keys(40, 8, 5), 2, 32), label="40 tokens, groups of 32: raise ValueError",
              raises=ValueError),
     ]
@@ -94,6 +109,23 @@ def _wrong_keys_half_up(k, bits, group):             # floor(x + 0.5): ties go u
     return (q * scale + lo).reshape(k.shape)
 
 
+def _wrong_keys_scale_from_exact_lo(k, bits, group):  # scale from the unrounded minimum
+    keys_per_channel_reference(k, bits, group)           # the same input checks
+    x = k.reshape(-1, group, k.shape[1]).float()
+    lo_exact = x.amin(1, keepdim=True)
+    scale = ((x.amax(1, keepdim=True) - lo_exact) / (2 ** bits - 1)).half().float()
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    lo = lo_exact.half().float()
+    q = torch.round((x - lo) / scale).clamp(0, 2 ** bits - 1)
+    return (q * scale + lo).reshape(k.shape)
+
+
+def _wrong_keys_any_bits(k, bits, group):             # checks the range of bits, not its type
+    if k.shape[0] % group or not 1 <= bits <= 8 or torch.isnan(k).any():
+        raise ValueError("bad input")
+    return keys_per_channel_reference(k, int(bits), group)
+
+
 def _wrong_keys_input_dtype(k, bits, group):         # the result in the keys' own dtype
     return keys_per_channel_reference(k, bits, group).to(k.dtype)
 
@@ -117,15 +149,15 @@ register(Exercise(
     hint=["Which numbers should share a scale and a minimum: the channels of one token, or one "
           "channel across a run of tokens? Where does that put the outlier channel, and which "
           "of the group's values must the lowest and highest codes reach?",
-          "Reshape k (S, hd) to (S/group, group, hd) and reduce over dim 1: lo = min, "
-          "scale = (max - lo) / (2**bits - 1), both rounded through fp16 (.half().float()); "
-          "a scale of 0 becomes 1.",
+          "Reshape k (S, hd) to (S/group, group, hd) and reduce over dim 1. First lo = min, "
+          "rounded through fp16 (.half().float()); then scale = (max - lo) / (2**bits - 1) "
+          "from that rounded lo, itself rounded through fp16; a scale of 0 becomes 1.",
           "q = torch.round((x - lo) / scale).clamp(0, 2**bits - 1) (round half to even); return "
           "(q * scale + lo) reshaped to (S, hd), float32. Raise ValueError when S % group != 0, "
           "when bits is not 1..8 or when k holds NaN."],
     wrong=[_wrong_keys_per_token, _wrong_keys_levels, _wrong_keys_symmetric,
            _wrong_keys_whole_channel, _wrong_keys_half_up, _wrong_keys_input_dtype,
-           _wrong_keys_nan_through],
+           _wrong_keys_nan_through, _wrong_keys_scale_from_exact_lo, _wrong_keys_any_bits],
     rtol=1e-5, atol=1e-6,
 ))
 
@@ -221,79 +253,122 @@ register(Exercise(
 
 # ---------------------------------------------------------------- 11.conversations
 
-def conversations_reference(gpu_memory_gb, weight_gb, kv_bytes_per_token, context,
-                            usable_fraction=0.9):
-    """hardware.conversations_that_fit, argument order of the exercise."""
+def conversations_reference(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token,
+                            context):
+    """hardware.conversations_that_fit (the same order of arguments)."""
     return hardware.conversations_that_fit(gpu_memory_gb, usable_fraction, weight_gb,
                                            kv_bytes_per_token, context)
+
+
+RESERVE = ("Which memory is usable_fraction a share of: the whole GPU, or what the weights "
+           "leave? Serving engines (vLLM's gpu_memory_utilization) take it of the whole GPU.")
 
 
 def _conv_cases():
     kv70 = 327680
     return [
-        Case((80, 70.6, kv70, 8000), label="70B FP8 weights, BF16 cache, 8k tokens, one H100"),
-        Case((80, 70.6, kv70 / 2, 8000), label="the same with an FP8 cache"),
-        Case((80, 36.4, kv70, 8000), label="70B INT4 g128 weights (lesson 00: 13)"),
-        Case((141, 16.06, 131072, 4096), label="8B BF16 on an H200, 4k tokens"),
-        Case((80, 16.06, 131072 * 3 / 16, 32768), label="8B with a 3-bit (KIVI-2) cache, 32k"),
-        Case((80, 75.0, kv70, 8000), label="weights over the usable 72 GB: 0, not negative"),
-        Case((24, 1.0, 23040, 8192), {"usable_fraction": 0.5}, label="a 24 GB card at 50%"),
-        Case((10, 0.0, 1e6, 1000), {"usable_fraction": 1.0},
-             label="exactly 10 conversations' worth: 10, not 9"),
-        Case((10, 0.0, 1e6, 4000), {"usable_fraction": 1.0},
-             label="2.5 conversations' worth: 2 (whole ones only)"),
-        Case((80, 10.0, 0, 8000), label="0 bytes per token: raise ValueError", raises=ValueError),
-        Case((80, 10.0, 327680, 8000), {"usable_fraction": 90},
+        Case((80, 0.9, 70.6, kv70, 8000), label="70B FP8 weights, BF16 cache, 8k tokens, one "
+             "H100 at 90%", hint=RESERVE),
+        Case((80, 0.9, 70.6, kv70 / 2, 8000), label="the same with an FP8 cache", hint=RESERVE),
+        Case((80, 0.9, 36.4, kv70, 8000), label="70B INT4 g128 weights (lesson 00: 13)",
+             hint=RESERVE),
+        Case((141, 0.9, 16.06, 131072, 4096), label="8B BF16 on an H200, 4k tokens"),
+        Case((80, 0.9, 16.06, 131072 * 3 / 16, 32768), label="8B with a 3-bit (KIVI-2) cache, 32k"),
+        Case((80, 0.9, 75.0, kv70, 8000), label="weights over the usable 72 GB: 0, not negative",
+             hint=RESERVE),
+        Case((24, 0.5, 1.0, 23040, 8192), label="a 24 GB card at 50%", hint=RESERVE),
+        Case((10, 1.0, 0.0, 1e6, 1000), label="exactly 10 conversations' worth: 10, not 9"),
+        Case((10, 1.0, 0.0, 1e6, 4000), label="2.5 conversations' worth: 2 (whole ones only)"),
+        Case((80, 0.9, 10.0, 0, 8000), label="0 bytes per token: raise ValueError",
+             raises=ValueError),
+        Case((80, 90, 10.0, 327680, 8000),
              label="90 (a percent) where a fraction is meant: raise ValueError", raises=ValueError),
-        Case((float("nan"), 10.0, 327680, 8000), label="NaN GB: raise ValueError",
+        Case((80, 0.0, 10.0, 327680, 8000), label="usable_fraction 0: no memory at all, raise "
+             "ValueError", raises=ValueError),
+        Case((80, float("nan"), 10.0, 327680, 8000), label="usable_fraction NaN: outside (0, 1], "
+             "raise ValueError", raises=ValueError, hint="A NaN fails every comparison: `x < 0 or x > 1` lets it through, `not 0 <= x <= 1` does not."),
+        Case((float("nan"), 0.9, 10.0, 327680, 8000), label="NaN GB: raise ValueError",
              raises=ValueError),
-        Case((80, -5.0, 327680, 8000), label="negative weights: raise ValueError",
+        Case((80, 0.9, -5.0, 327680, 8000), label="negative weights: raise ValueError",
              raises=ValueError),
+        Case((80, 0.9, 10.0, 327680, 4096.5), label="half a token: raise ValueError",
+             raises=ValueError),
+        Case((80, 0.9, 10.0, 327680, True), label="context=True (a bool, not a count): raise "
+             "ValueError", raises=ValueError),
     ]
 
 
-def _wrong_conv_no_fraction(gpu_memory_gb, weight_gb, kv_bytes_per_token, context,
-                            usable_fraction=0.9):
+def _conv_guard(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token, context):
     if kv_bytes_per_token <= 0:
         raise ValueError("kv_bytes_per_token must be > 0")
+
+
+def _wrong_conv_no_fraction(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token,
+                            context):
+    conversations_reference(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token,
+                            context)                     # the same input checks
     return max(0, int((gpu_memory_gb - weight_gb) * 1e9 // (kv_bytes_per_token * context)))
 
 
-def _wrong_conv_round(gpu_memory_gb, weight_gb, kv_bytes_per_token, context, usable_fraction=0.9):
-    if kv_bytes_per_token <= 0:
-        raise ValueError("kv_bytes_per_token must be > 0")
+def _wrong_conv_reserve_after_weights(gpu_memory_gb, usable_fraction, weight_gb,
+                                      kv_bytes_per_token, context):  # (gpu - weights) x fraction
+    conversations_reference(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token,
+                            context)
+    free = (gpu_memory_gb - weight_gb) * usable_fraction * 1e9
+    return max(0, int(free // (kv_bytes_per_token * context)))
+
+
+def _wrong_conv_round(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token, context):
+    _conv_guard(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token, context)
     free = (gpu_memory_gb * usable_fraction - weight_gb) * 1e9
     return max(0, round(free / (kv_bytes_per_token * context)))
 
 
-def _wrong_conv_gib(gpu_memory_gb, weight_gb, kv_bytes_per_token, context, usable_fraction=0.9):
-    if kv_bytes_per_token <= 0:
-        raise ValueError("kv_bytes_per_token must be > 0")
+def _wrong_conv_gib(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token, context):
+    _conv_guard(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token, context)
     free = (gpu_memory_gb * usable_fraction - weight_gb) * 2 ** 30
     return max(0, int(free // (kv_bytes_per_token * context)))
 
 
-def _wrong_conv_percent_ok(gpu_memory_gb, weight_gb, kv_bytes_per_token, context,
-                           usable_fraction=0.9):                 # never checks the fraction
+def _wrong_conv_percent_ok(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token,
+                           context):                     # never checks the fraction
     if not kv_bytes_per_token > 0 or not gpu_memory_gb > 0 or weight_gb < 0:
         raise ValueError("bad input")
     free = (gpu_memory_gb * usable_fraction - weight_gb) * 1e9
     return max(0, int(free // (kv_bytes_per_token * context)))
 
 
-def _wrong_conv_half_up(gpu_memory_gb, weight_gb, kv_bytes_per_token, context,
-                        usable_fraction=0.9):            # floor(x + 0.5): 2.5 conversations -> 3
+def _wrong_conv_half_token(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token,
+                           context):                     # every check but a whole context
     import math
-    conversations_reference(gpu_memory_gb, weight_gb, kv_bytes_per_token, context,
-                            usable_fraction)             # the same input checks
+    if not kv_bytes_per_token > 0 or not 0 < usable_fraction <= 1 or weight_gb < 0 or \
+            not (math.isfinite(gpu_memory_gb) and gpu_memory_gb > 0) or not context > 0:
+        raise ValueError("bad input")
+    free = (gpu_memory_gb * usable_fraction - weight_gb) * 1e9
+    return max(0, int(free // (kv_bytes_per_token * context)))
+
+
+def _wrong_conv_nan_fraction(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token,
+                             context):                   # range checked with < and >
+    if usable_fraction <= 0 or usable_fraction > 1:
+        raise ValueError("bad fraction")
+    if usable_fraction != usable_fraction:
+        return 0
+    return conversations_reference(gpu_memory_gb, usable_fraction, weight_gb,
+                                   kv_bytes_per_token, context)
+
+
+def _wrong_conv_half_up(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token,
+                        context):                        # floor(x + 0.5): 2.5 conversations -> 3
+    import math
+    conversations_reference(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token,
+                            context)                     # the same input checks
     free = (gpu_memory_gb * usable_fraction - weight_gb) * 1e9
     return max(0, math.floor(free / (kv_bytes_per_token * context) + 0.5))
 
 
-def _wrong_conv_negative(gpu_memory_gb, weight_gb, kv_bytes_per_token, context,
-                         usable_fraction=0.9):
-    if kv_bytes_per_token <= 0:
-        raise ValueError("kv_bytes_per_token must be > 0")
+def _wrong_conv_negative(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token, context):
+    _conv_guard(gpu_memory_gb, usable_fraction, weight_gb, kv_bytes_per_token, context)
     free = (gpu_memory_gb * usable_fraction - weight_gb) * 1e9
     return int(free / (kv_bytes_per_token * context))
 
@@ -307,13 +382,15 @@ register(Exercise(
           "are loaded? Each conversation needs its whole context's cache; only whole "
           "conversations count, and never fewer than none.",
           "free bytes = (gpu_memory_gb x usable_fraction - weight_gb) x 1e9 (decimal GB, as "
-          "datasheets count); one conversation = kv_bytes_per_token x context.",
+          "datasheets count; the share is of the whole GPU, as vLLM's gpu_memory_utilization "
+          "is); one conversation = kv_bytes_per_token x context.",
           "Return int(free // per_conversation), or 0 when free <= 0; raise ValueError when "
-          "kv_bytes_per_token <= 0, when usable_fraction is not in (0, 1], or when a memory "
-          "figure is NaN or negative."],
+          "kv_bytes_per_token <= 0, when usable_fraction is not in (0, 1], when context is not "
+          "a whole number >= 1, or when a memory figure is NaN or negative."],
     wrong=[_wrong_conv_no_fraction, _wrong_conv_round, _wrong_conv_gib, _wrong_conv_negative,
-           _wrong_conv_percent_ok, _wrong_conv_half_up],
-    rtol=0, atol=0, check_dtype=False,
+           _wrong_conv_percent_ok, _wrong_conv_half_up, _wrong_conv_reserve_after_weights,
+           _wrong_conv_half_token, _wrong_conv_nan_fraction],
+    int_results=True, rtol=0, atol=0, check_dtype=False,
 ))
 
 

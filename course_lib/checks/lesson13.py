@@ -35,13 +35,42 @@ def _pack_cases():
         Case((_blk([0.1 * i for i in range(32)]),), label="the largest weight is the last one"),
         Case((torch.full((32,), -3.0),), label="a constant block"),
         Case((torch.randn(32, generator=g).double(),), label="float64 input: same bytes"),
+        Case((_randn(13).half(),), label="float16 input: computed in float32, not float16",
+             hint="In which dtype did x times the reciprocal happen? The task says float32."),
+        Case((_randn(1).bfloat16(),), label="bfloat16 input: computed in float32",
+             hint="In which dtype did x times the reciprocal happen? The task says float32."),
+        Case((_on_boundaries(0),), label="codes exactly on their boundaries with a d whose "
+             "reciprocal is inexact: x times 1/d and x / d round differently here",
+             hint="The task asks for x times the float32 reciprocal of d, as llama.cpp "
+                  "computes it; x / d rounds differently on a value like these."),
+        Case((_randn(340),), label="the codes use the float32 d, not the float16 one stored",
+             hint="Which d do the codes come from: the float32 one, or the float16 one stored "
+                  "in bytes 0-1? Rounding d to 16 bits first rounds twice."),
         Case((torch.randn(31, generator=g),), label="31 weights: raise ValueError",
              raises=ValueError),
         Case((torch.randn(2, 32, generator=g),), label="two blocks at once: raise ValueError",
              raises=ValueError),
+        Case((torch.randn(1, 32, generator=g),), label="32 floats in two dimensions (1, 32): "
+             "raise ValueError", raises=ValueError),
+        Case((torch.arange(32),), label="32 integers: raise ValueError (floats are asked)",
+             raises=ValueError),
         Case((torch.full((32,), float("nan")),), label="NaN weights: raise ValueError",
              raises=ValueError),
     ]
+
+
+def _randn(seed):
+    return torch.randn(32, generator=torch.Generator().manual_seed(seed))
+
+
+def _on_boundaries(seed):
+    """The largest weight m first, then weights d * (n - 8.5): x / d + 8.5 lands on (or
+    within a rounding of) the whole number n, where x / d and x * (1 / d) can disagree."""
+    g = torch.Generator().manual_seed(seed)
+    m = float(torch.rand(1, generator=g) * 3 + 0.1)
+    d = torch.tensor(m, dtype=torch.float32) / -8
+    n = torch.randint(1, 16, (31,), generator=g).float()
+    return torch.cat([torch.tensor([m]), d * (n - 8.5)]).float()
 
 
 def _pack_ref(block):
@@ -54,21 +83,29 @@ def _pack_ref(block):
 
 
 def _pack_with(block, signed_max=True, first=True, rule="trunc", layout="halves",
-               scale_dtype=np.float16, clip=15):
+               scale_dtype=np.float16, clip=15, divide=False, d16=False, half=False,
+               any_dtype=False, flatten=False):
     """A configurable packer: the right one with the defaults; each mutant changes one thing."""
+    if flatten and isinstance(block, torch.Tensor):
+        block = block.reshape(-1)
+    if any_dtype and isinstance(block, torch.Tensor):
+        block = block.float()
     if not isinstance(block, torch.Tensor) or block.shape != (32,) or \
             not block.is_floating_point() or not torch.isfinite(block).all():
         raise ValueError("block must be 32 finite floats")
-    x = block.float()
+    x = block if half else block.float()
     order = range(32) if first else range(31, -1, -1)
     amax, mx = 0.0, 0.0
     for j in order:
         if abs(float(x[j])) > amax:
             amax, mx = abs(float(x[j])), float(x[j])
-    m = torch.tensor(mx if signed_max else amax, dtype=torch.float32)
+    m = torch.tensor(mx if signed_max else amax, dtype=x.dtype if half else torch.float32)
     d = m / -8
-    inv = torch.where(d == 0, torch.zeros(()), 1 / torch.where(d == 0, torch.ones(()), d))
-    v = x * inv + 8.5
+    dd = d.half().float() if d16 else d                  # two roundings: d to 16 bits first
+    inv = torch.where(dd == 0, torch.zeros((), dtype=dd.dtype),
+                      1 / torch.where(dd == 0, torch.ones((), dtype=dd.dtype), dd))
+    v = (x / d if float(d) else x * 0) + 8.5 if divide else x * inv + 8.5
+    v = v.float()
     q = torch.trunc(v) if rule == "trunc" else torch.round(x * inv) + 8
     q = q.clamp(0, clip).to(torch.uint8).numpy()
     if layout == "halves":
@@ -99,7 +136,12 @@ register(Exercise(
            lambda b: _pack_with(b, rule="round"),
            lambda b: _pack_with(b, layout="pairs"),
            lambda b: _pack_with(b, scale_dtype=np.float32),
-           lambda b: _pack_with(b, clip=14)],
+           lambda b: _pack_with(b, clip=14),
+           lambda b: _pack_with(b, divide=True),         # x / d, not x times 1/d
+           lambda b: _pack_with(b, d16=True),            # reciprocal of the float16 d
+           lambda b: _pack_with(b, half=True),           # computed in the input's dtype
+           lambda b: _pack_with(b, any_dtype=True),      # integers accepted
+           lambda b: _pack_with(b, flatten=True)],       # (1, 32) accepted
 ))
 
 
@@ -201,6 +243,14 @@ def _choose_cases():
         Case((rows, 15.80, 5), label="5 meaning 5 %: raise ValueError (a fraction is asked)",
              raises=ValueError),
         Case((rows, 15.80, -0.1), label="a negative budget: raise ValueError", raises=ValueError),
+        Case((rows, 15.80, 1.0), label="a budget of exactly 1 (100 %): raise ValueError, "
+             "0 <= budget < 1", raises=ValueError),
+        Case((rows, 15.80, False), label="budget=False (a bool, not a fraction): raise ValueError",
+             raises=ValueError),
+        Case((rows, 0.5, 0.1), label="a reference perplexity below 1 (no model does better "
+             "than 1): raise ValueError", raises=ValueError),
+        Case((rows, float("inf"), 0.1), label="an infinite reference: raise ValueError",
+             raises=ValueError),
         Case((rows, float("nan"), 0.1), label="a NaN reference: raise ValueError",
              raises=ValueError),
         Case((rows, 10.0, 0.1), label="nothing fits: raise ValueError", raises=ValueError),
@@ -237,6 +287,19 @@ def _choose_percent(rows, ref, budget):
     return _smallest([r for r in rows if r["perplexity"] <= ref * (1 + b)])
 
 
+def _choose_loose_ranges(rows, ref, budget):       # lets budget 1 and ref < 1 or inf in
+    if not 0 <= budget <= 1 or math.isnan(ref) or ref <= 0:
+        raise ValueError("bad")
+    return _smallest([r for r in rows if r["perplexity"] <= ref * (1 + budget)])
+
+
+def _choose_bool_budget(rows, ref, budget):        # every check but a bool budget
+    if not isinstance(budget, (int, float)) or not 0 <= budget < 1 or \
+            not 1 <= ref < math.inf:
+        raise ValueError("bad")
+    return _smallest([r for r in rows if r["perplexity"] <= ref * (1 + budget)])
+
+
 def _choose_best_quality(rows, ref, budget):
     engine.choose_file(rows, ref, budget)
     fits = [r for r in rows if r["perplexity"] <= ref * (1 + budget)]
@@ -256,5 +319,5 @@ register(Exercise(
           "where nothing fits, with ValueError.",
           "`min(fits, key=lambda r: (r['bytes'], r['perplexity']))['file']`"],
     wrong=[_choose_strict, _choose_first_on_tie, _choose_absolute, _choose_percent,
-           _choose_best_quality],
+           _choose_best_quality, _choose_loose_ranges, _choose_bool_budget],
 ))

@@ -373,7 +373,20 @@ class GroupQuantLinear(nn.Module):
     def __init__(self, codes, scale, zero, bits: int, group_size: int, bias=None,
                  dtype=torch.float32, method: str = "rtn", offset=None, grid: str = "course"):
         super().__init__()
+        if not isinstance(codes, torch.Tensor) or codes.dim() != 2:
+            raise ValueError(f"codes must be a 2-D tensor (out, in); got "
+                             f"{tuple(getattr(codes, 'shape', ())) or type(codes).__name__}")
         out_f, in_f = codes.shape
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1 \
+                or in_f % group_size:
+            raise ValueError(f"group_size must be a whole number that divides the {in_f} inputs; "
+                             f"got {group_size!r}")
+        want = (out_f, in_f // group_size)
+        for what, t in (("scale", scale), ("zero", zero), ("offset", offset)):
+            if t is not None and tuple(t.shape) != want:
+                raise ValueError(f"{what} has shape {tuple(t.shape)}; codes {tuple(codes.shape)} "
+                                 f"in groups of {group_size} need one per row and group: "
+                                 f"{want} ({in_f} / {group_size} = {in_f // group_size} groups)")
         self.out_features, self.in_features = out_f, in_f
         self.bits, self.group_size, self.method, self.grid = bits, group_size, method, grid
         self.symmetric = zero is None and offset is None

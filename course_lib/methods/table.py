@@ -285,6 +285,10 @@ def find(rows: list[dict], method: str, bits: int, group_size: int) -> dict:
 
 def format_table(rows: list[dict]) -> str:
     """The rows as plain text."""
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"format_table needs a non-empty list of rows, each a dict as "
+                         f"load_table(...)['rows'] holds (method, bits, group_size, ...); got "
+                         f"{rows!r:.80}")
     cols = ["method", "bits", "group_size", "bits_per_weight"] + \
         [c for c in ("perplexity", "bits_per_byte", "kl_nats", "top1_agreement", "seconds")
          if c in rows[0]]

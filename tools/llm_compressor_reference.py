@@ -1,0 +1,198 @@
+"""Rerun the llm-compressor figures lessons 06-08 quote, and write
+``results/llm_compressor_smollm2.json`` with the versions, the command and the machine.
+
+Optional, and not part of the course's requirements or its CI: llm-compressor (the vLLM
+project's quantization library) pins transformers and compressed-tensors versions the course's
+environment does not use, so it needs an environment of its own. The course itself supplies the
+protocol: the calibration and evaluation token ids of ``course_lib.smollm`` (the lessons' own),
+and the scoring of ``course_lib.eval`` (KL against the unquantized model, perplexity).
+
+    python -m venv /tmp/llmc
+    /tmp/llmc/bin/pip install torch==2.13.0 llmcompressor gguf
+    /tmp/llmc/bin/python tools/llm_compressor_reference.py            # the full run
+    /tmp/llmc/bin/python tools/llm_compressor_reference.py --quick    # a smoke test
+
+Run it without PYTHONPATH pointing at the course: the course's ``kernels`` package would shadow
+the ``kernels`` package transformers looks for. The tool imports llm-compressor first, then
+adds the course folder at the end of ``sys.path`` for ``course_lib``.
+
+The model is SmolLM2-135M-Instruct from the GGUF file the course uses (``course_lib.smollm``),
+loaded by transformers (which dequantizes it) in float32; every figure is relative to that
+unquantized model. The schemes: W4 and W3, symmetric, groups of 32, every Linear but lm_head,
+round-to-nearest (QuantizationModifier), GPTQ without and with static act-order (GPTQModifier,
+dampening 0.01) and AWQ (AWQModifier); W8A8 INT8 with dynamic per-token activations, without
+and with SmoothQuant at alpha 0.8. The full run takes tens of minutes on a laptop CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "results" / "llm_compressor_smollm2.json"
+CALIB_WINDOWS, EVAL_WINDOWS, WINDOW = 64, 8, 512
+
+
+def _need(module: str):
+    try:
+        return __import__(module)
+    except ImportError as err:
+        sys.exit(f"{module} cannot be imported here ({err}): this tool runs where llm-compressor "
+                 f"is installed (see its docstring: a separate venv with `pip install "
+                 f"torch==2.13.0 llmcompressor gguf`, and no PYTHONPATH to the course)")
+
+
+def _imports():
+    """llm-compressor and transformers first (fully: see the docstring), then the course."""
+    for m in ("transformers", "datasets", "llmcompressor"):
+        _need(m)
+    from transformers import AutoModelForCausalLM, PreTrainedModel  # noqa: F401
+    if str(ROOT) not in sys.path:
+        sys.path.append(str(ROOT))
+
+
+def load_hf_model():
+    """SmolLM2 from the course's GGUF file, through transformers, float32."""
+    transformers = _need("transformers")
+    from course_lib import smollm
+    gguf = smollm.gguf_path()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # transformers has dequantized the GGUF to float32: the weights are a full-precision model
+    # now, but its config still says "gguf", which oneshot refuses. oneshot also re-reads the
+    # config from the model's folder, and the GGUF's folder has no config.json: give it one.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    folder = Path(tempfile.mkdtemp(prefix="smollm2-config-"))
+    model.config.save_pretrained(folder)
+    model.config._name_or_path = str(folder)
+    return model.eval()
+
+
+def load_tokenizer():
+    """The tokenizer from the same file (oneshot wants a processor beside a dataset)."""
+    transformers = _need("transformers")
+    from course_lib import smollm
+    gguf = smollm.gguf_path()
+    return transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+@torch.no_grad()
+def logprobs(model, ids: torch.Tensor, n_windows: int, window: int):
+    """Log-probs (n_windows * (window - 1), V) and targets of disjoint windows, each alone."""
+    blocks = ids[: n_windows * window].view(n_windows, window)            # (n, W)
+    lps, tgts = [], []
+    for b in blocks:
+        logits = model(b[None, :-1]).logits[0].float()                   # (W - 1, V)
+        lps.append(torch.log_softmax(logits, -1))
+        tgts.append(b[1:])
+    return torch.cat(lps), torch.cat(tgts)
+
+
+def score(model, ids, ref_lp, n_windows, window) -> dict:
+    from course_lib import eval as ceval
+    lp, tgt = logprobs(model, ids, n_windows, window)
+    kl, top1 = ceval.kl_and_top1(ref_lp, lp)
+    return {"kl_nats": kl, "top1_agreement": top1,
+            "perplexity": ceval.perplexity_from_logprobs(lp, tgt)}
+
+
+def weight_scheme(bits: int, group: int = 32) -> dict:
+    """config_groups for symmetric int weights in groups of ``group``, every Linear."""
+    return {"group_0": {"targets": ["Linear"],
+                        "weights": {"num_bits": bits, "type": "int", "symmetric": True,
+                                    "strategy": "group", "group_size": group}}}
+
+
+def recipes(quick: bool) -> dict:
+    """name -> llm-compressor recipe (a list of modifiers)."""
+    from llmcompressor.modifiers.awq import AWQModifier
+    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+    try:
+        from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
+    except ImportError:                                   # releases before the move
+        from llmcompressor.modifiers.smoothquant import SmoothQuantModifier
+    out = {}
+    for bits in (4, 3):
+        out[f"w{bits}_g32 rtn"] = [QuantizationModifier(config_groups=weight_scheme(bits),
+                                                        ignore=["lm_head"])]
+        out[f"w{bits}_g32 gptq"] = [GPTQModifier(config_groups=weight_scheme(bits),
+                                                 ignore=["lm_head"], dampening_frac=0.01)]
+        if quick:
+            continue
+        out[f"w{bits}_g32 gptq+act"] = [GPTQModifier(config_groups=weight_scheme(bits),
+                                                     ignore=["lm_head"], dampening_frac=0.01,
+                                                     actorder="static")]
+        out[f"w{bits}_g32 awq"] = [AWQModifier(config_groups=weight_scheme(bits),
+                                               ignore=["lm_head"])]
+    if not quick:
+        out["w8a8 none"] = [QuantizationModifier(targets="Linear", scheme="W8A8",
+                                                 ignore=["lm_head"])]
+        out["w8a8 smoothquant_0.8"] = [SmoothQuantModifier(smoothing_strength=0.8),
+                                       QuantizationModifier(targets="Linear", scheme="W8A8",
+                                                            ignore=["lm_head"])]
+    return out
+
+
+def run(quick: bool = False) -> dict:
+    _imports()
+    import datasets
+    import llmcompressor as llmc
+    from course_lib import device, smollm
+    n_calib, n_eval = (2, 1) if quick else (CALIB_WINDOWS, EVAL_WINDOWS)
+    calib = smollm.calibration_ids(n_calib * WINDOW).view(n_calib, WINDOW)   # (n, 512)
+    eval_ids = smollm.eval_ids()
+    base, tok = load_hf_model(), load_tokenizer()
+    ref_lp, ref_tgt = logprobs(base, eval_ids, n_eval, WINDOW)
+    from course_lib import eval as ceval
+    rows = {"baseline": {"perplexity": ceval.perplexity_from_logprobs(ref_lp, ref_tgt)}}
+    dataset = datasets.Dataset.from_dict({"input_ids": calib.tolist(),
+                                          "attention_mask": torch.ones_like(calib).tolist()})
+    for name, recipe in recipes(quick).items():
+        model = load_hf_model()
+        t0 = time.perf_counter()
+        llmc.oneshot(model=model, processor=tok, dataset=dataset, recipe=recipe,
+                     max_seq_length=WINDOW, num_calibration_samples=n_calib)
+        seconds = time.perf_counter() - t0
+        rows[name] = {**score(model, eval_ids, ref_lp, n_eval, WINDOW), "seconds": seconds}
+        print(f"{name:22s} KL {rows[name]['kl_nats']:.4f}  perplexity "
+              f"{rows[name]['perplexity']:.2f}  {seconds:.0f} s", flush=True)
+    versions = {p: metadata.version(p) for p in ("llmcompressor", "compressed-tensors",
+                                                 "transformers", "torch", "datasets")}
+    return {"what": "llm-compressor's own results on SmolLM2-135M (rerun by this tool)",
+            "command": " ".join([Path(sys.executable).name, *sys.argv]),
+            "quick": quick, "versions": versions, "python": platform.python_version(),
+            "protocol": {"calibration": {"windows": n_calib, "tokens": WINDOW},
+                         "evaluation": {"windows": n_eval, "tokens": WINDOW}},
+            "rows": rows, "machine": device.machine_record()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true",
+                   help="2 calibration windows, 1 evaluation window, RTN and GPTQ only")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"where to write the record (default: print it; the committed one is "
+                        f"{OUT.relative_to(ROOT)}, whose quoted figures it would replace)")
+    args = p.parse_args(argv)
+    record = run(args.quick)
+    text = json.dumps(record, indent=1) + "\n"
+    if args.out is None:
+        print(text)
+    else:
+        args.out.write_text(text)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
