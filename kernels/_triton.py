@@ -19,6 +19,27 @@ class TritonMissing(RuntimeError):
     """A Triton kernel was launched where Triton is not installed (or is blocked)."""
 
 
+def interpreter_problem(triton_version: str, numpy_version: str, interpreting: bool) -> str | None:
+    """Why Triton's interpreter cannot run the course's kernels here, or None.
+
+    Triton 3.6's interpreter calls ``int()`` on one-element NumPy arrays, which NumPy 2.4 made
+    an error: 100 of the course's 129 kernel tests failed that way (NumPy 2.3.5 passed them
+    all; Triton 3.9 works with NumPy 2.4). Older Triton versions are treated alike.
+    """
+    import re
+
+    def major_minor(v: str) -> tuple[int, int]:
+        parts = [int(p) for p in re.findall(r"\d+", v)[:2]]
+        return (parts + [0, 0])[0], (parts + [0, 0])[1]
+
+    if interpreting and major_minor(triton_version) <= (3, 6) and major_minor(numpy_version) >= (2, 4):
+        return (f"Triton {triton_version}'s interpreter does not work with NumPy {numpy_version} "
+                f"(NumPy 2.4 refuses int() of an array, which that interpreter relies on): install "
+                f"'numpy<2.4' or a newer Triton (the course is tested with 3.9). Until then kernels "
+                f"are shown (source, plain-torch reference, compile report), not launched")
+    return None
+
+
 if AVAILABLE:
     try:
         import triton  # noqa: F401
@@ -27,6 +48,15 @@ if AVAILABLE:
         AVAILABLE = False
         WHY_MISSING = (f"Triton is installed but does not import ({err}): kernels are shown "
                        f"(source, plain-torch reference, compile report), not launched")
+if AVAILABLE:
+    import os as _os
+
+    import numpy as _np
+
+    _problem = interpreter_problem(triton.__version__, _np.__version__,
+                                   _os.environ.get("TRITON_INTERPRET") == "1")
+    if _problem:                     # the interpreter would fail on every kernel: say so once
+        AVAILABLE, WHY_MISSING = False, _problem
 if not AVAILABLE:
     import math
     import types

@@ -112,3 +112,14 @@ def test_the_interpreter_refuses_what_it_does_not_model():
         ptx_interp.run("{ fma.rz.f16x2 $0, $1, $1, $1; }", {"$1": np.zeros(1, np.uint32)})
     with pytest.raises(ValueError, match="multiple of 4"):
         ptx_interp.run_pack4(ASM["float16"], np.zeros(6, np.uint8))
+
+
+def test_a_broken_interpreter_pair_is_named_once():
+    """Triton 3.6's interpreter with NumPy >= 2.4 fails on every kernel: kernels._triton turns
+    that pair into one message instead of a hundred failures (and only when interpreting)."""
+    from kernels._triton import interpreter_problem
+    why = interpreter_problem("3.6.0", "2.4.1", interpreting=True)
+    assert "numpy<2.4" in why and "Triton 3.6.0" in why
+    assert interpreter_problem("3.6.0", "2.3.5", interpreting=True) is None
+    assert interpreter_problem("3.9.0", "2.4.6", interpreting=True) is None
+    assert interpreter_problem("3.6.0", "2.4.1", interpreting=False) is None   # a GPU compiles
