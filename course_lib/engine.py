@@ -427,25 +427,51 @@ def choose_file(rows: list, ref_perplexity: float, budget: float) -> str:
 
 
 # ----------------------------------------------------------------------------- explaining the gap
+def q8_codes_cpu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations (rows, in) -> Q8_0 codes and fp16 scales the way llama.cpp's x86 CPU path
+    makes them before its integer dot products (``quantize_row_q8_0``, AVX2): per block of 32,
+    the scale is stored as fp16(max|x| / 127), but the codes are x times the fp32 ``127 / max``
+    rounded half to *even* (``_mm256_round_ps``), not the reference quantizer's x / d with
+    halves away from zero (``gguf_model.quantize_q8_0``, what weights get). Lesson 13."""
+    if x.dim() != 2 or x.shape[-1] % 32 or not x.is_floating_point():
+        raise ValueError(f"x must be float (rows, in) with in a multiple of 32; got "
+                         f"{x.dtype} {tuple(x.shape)}")
+    b = x.float().reshape(x.shape[0], -1, 32)                             # (rows, nb, 32)
+    amax = b.abs().amax(-1, keepdim=True)                                 # (rows, nb, 1)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))     # fp32, as the CPU does
+    q = torch.round(b * inv)                                              # halves to even
+    return q.to(torch.int8).reshape(x.shape), (amax / 127.0)[..., 0].half()
+
+
 class q8_activations:
     """Inside ``with q8_activations(model):`` every Linear of a course model (the head too)
-    sees its input rounded the way llama.cpp's CPU dot products round it for Q4_0/Q4_1/Q8_0
-    weights: Q8_0 blocks of 32 along the input (lesson 13). The difference left between the
-    engine and the course model is then mostly fp16 rounding (KV cache, attention)."""
+    sees its input rounded to Q8_0 blocks of 32 along the input, as llama.cpp's CPU dot
+    products do for Q4_0/Q4_1/Q8_0 weights (lesson 13). ``rule="cpu"`` (the default) rounds the
+    way its x86 CPU path does (``q8_codes_cpu``: fp32 127/max, halves to even); ``rule="ref"``
+    the way its reference quantizer does (``gguf_model.quantize_q8_0``: x / d, halves away
+    from zero). The difference left between the engine and the course model is then mostly
+    fp16 rounding (KV cache, attention) and summation order."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, rule: str = "cpu"):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a course LlamaModel; got {type(model).__name__}")
-        self.model, self.handles = model, []
+        if rule not in ("cpu", "ref"):
+            raise ValueError(f"rule must be 'cpu' (llama.cpp's x86 path) or 'ref' (its reference "
+                             f"quantizer); got {rule!r}")
+        self.model, self.handles, self.rule = model, [], rule
 
-    @staticmethod
-    def _round(mod, inputs):
+    def _round(self, mod, inputs):
         from course_lib.gguf_model import quantize_q8_0
         x = inputs[0]                                                    # (..., in)
         if x.shape[-1] % 32:
             return None
         flat = x.reshape(-1, x.shape[-1])
-        return (quantize_q8_0(flat).dequantize().reshape(x.shape).to(x.dtype),) + inputs[1:]
+        if self.rule == "cpu":
+            q, d = q8_codes_cpu(flat)
+            y = (q.reshape(q.shape[0], -1, 32).float() * d.float()[..., None]).reshape(x.shape)
+        else:
+            y = quantize_q8_0(flat).dequantize().reshape(x.shape)
+        return (y.to(x.dtype),) + inputs[1:]
 
     def __enter__(self):
         for mod in self.model.modules():

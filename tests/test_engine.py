@@ -147,6 +147,26 @@ def test_speed_limits_measure_both_limits(files):
         engine.speed_limits(models, {"q8_0": files["q8_0"]})
 
 
+def test_q8_activation_rules_differ_only_at_ties():
+    x = torch.zeros(1, 32)
+    x[0, 0], x[0, 1], x[0, 2] = 127.0, 2.5, -3.5          # amax 127: 127/max = 1, d = 1
+    q_cpu, d = engine.q8_codes_cpu(x)
+    q_ref = gm.quantize_q8_0(x).codes
+    assert q_cpu[0, :3].tolist() == [127, 2, -4]          # halves to even
+    assert q_ref[0, :3].tolist() == [127, 3, -4]          # halves away from zero
+    assert float(d[0, 0]) == 1.0
+    m = torch.nn.Sequential(torch.nn.Linear(32, 4))
+    with engine.q8_activations(m, "cpu"):
+        y_cpu = m(x)
+    with engine.q8_activations(m, "ref"):
+        y_ref = m(x)
+    assert not torch.equal(y_cpu, y_ref)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        engine.q8_codes_cpu(torch.zeros(2, 33))
+    with pytest.raises(ValueError, match="rule must be"):
+        engine.q8_activations(m, "avx")
+
+
 def test_engine_refusals(files, tmp_path):
     with pytest.raises(ValueError, match="fmt must be one of"):
         engine.quantize_file(files["f16"], tmp_path / "x.gguf", "q4_k")
