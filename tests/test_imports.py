@@ -27,7 +27,8 @@ PACKAGES = ("course_lib", "kernels")
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("1 formats and quantizers", (
         "course_lib.paths", "course_lib.device", "course_lib.compare", "course_lib.spread",
-        "course_lib.formats", "course_lib.quant")),
+        "course_lib.formats", "course_lib.quant",
+        "course_lib.kquants")),   # lesson 14
     ("2 model, loaders and evaluation", (
         "course_lib.data", "course_lib.model", "course_lib.eval", "course_lib.qmodel",
         "course_lib.activations", "course_lib.gguf_model", "course_lib.smollm",
