@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("2 model, loaders and evaluation", (
         "course_lib.data", "course_lib.model", "course_lib.eval", "course_lib.qmodel",
         "course_lib.activations", "course_lib.gguf_model", "course_lib.smollm",
+        "course_lib.kmix",   # lesson 14
         "course_lib.train", "course_lib.validate", "course_lib.hardware")),
     ("3 methods and the KV cache", (
         "course_lib.methods", "course_lib.kv", "course_lib.export")),
