@@ -291,15 +291,9 @@ def make_qp_quants(x: np.ndarray, nmax: int, qw: np.ndarray):
 
 
 # ----------------------------------------------------------------------------- bit packing
-def pack_scales_k4(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """Eight 6-bit scales and eight 6-bit minimums of a Q4_K/Q5_K super-block -> its 12 bytes.
-
-    (..., 8) codes 0..63 each -> (..., 12) uint8. Sub-blocks 0-3: byte j holds scale j,
-    byte j + 4 minimum j (6 bits each). Sub-blocks 4-7: byte j + 4 holds the low 4 bits of
-    scale j (low nibble) and of minimum j (high nibble); their top 2 bits go into the free
-    top bits of bytes j - 4 (scale) and j (minimum)."""
-    sc = np.asarray(sc).astype(np.uint8)
-    m = np.asarray(m).astype(np.uint8)
+def _pack_scales(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """pack_scales_k4 without its checks, on uint8 codes as C stores them."""
+    sc, m = sc.astype(np.uint8), m.astype(np.uint8)
     out = np.zeros(sc.shape[:-1] + (12,), np.uint8)
     for j in range(4):
         out[..., j] = sc[..., j]
@@ -309,6 +303,25 @@ def pack_scales_k4(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
         out[..., j - 4] |= (sc[..., j] >> 4) << 6
         out[..., j] |= (m[..., j] >> 4) << 6
     return out
+
+
+def pack_scales_k4(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Eight 6-bit scales and eight 6-bit minimums of a Q4_K/Q5_K super-block -> its 12 bytes.
+
+    (..., 8) codes 0..63 each -> (..., 12) uint8. Sub-blocks 0-3: byte j holds scale j,
+    byte j + 4 minimum j (6 bits each). Sub-blocks 4-7: byte j + 4 holds the low 4 bits of
+    scale j (low nibble) and of minimum j (high nibble); their top 2 bits go into the free
+    top bits of bytes j - 4 (scale) and j (minimum)."""
+    sc, m = np.asarray(sc), np.asarray(m)
+    for name, v in (("sc", sc), ("m", m)):
+        if v.ndim < 1 or v.shape[-1] != 8 or not np.issubdtype(v.dtype, np.integer):
+            raise ValueError(f"{name} must hold 8 whole numbers per super-block (..., 8); got "
+                             f"shape {v.shape} {v.dtype}")
+        if v.size and (v.min() < 0 or v.max() > 63):
+            raise ValueError(f"{name} codes are 6-bit, 0..63; got {v.min()}..{v.max()}")
+    if sc.shape != m.shape:
+        raise ValueError(f"sc and m need the same shape; got {sc.shape} and {m.shape}")
+    return _pack_scales(sc, m)
 
 
 def unpack_scales_k4(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -435,8 +448,8 @@ def _q_k45(w: np.ndarray, fmt: str, qw) -> np.ndarray:
         with np.errstate(divide="ignore"):
             inv_s = np.where(max_scale > 0, F32(63) / max_scale, F32(0)).astype(F32)
             inv_m = np.where(max_min > 0, F32(63) / max_min, F32(0)).astype(F32)
-        ls = np.minimum(F32(63), _u8(_nearest(inv_s[:, None] * scales)))
-        lm = np.minimum(F32(63), _u8(_nearest(inv_m[:, None] * mins)))
+        ls = np.minimum(F32(63), _u8(_nearest(inv_s[:, None] * scales))).astype(np.int64)
+        lm = np.minimum(F32(63), _u8(_nearest(inv_m[:, None] * mins))).astype(np.int64)
         d, dmin = max_scale / F32(63), max_min / F32(63)
     else:
         scales, mins, L = make_qkx_quants(xb, wt, nmax, -0.9, 0.05, 36, True)
@@ -445,7 +458,8 @@ def _q_k45(w: np.ndarray, fmt: str, qw) -> np.ndarray:
         dmin, lm = make_qp_quants(mins.reshape(S, 8), 63, sw)
         if fmt == "q5_k":
             ls, lm = np.minimum(F32(63), ls), np.minimum(F32(63), lm)
-    packed = pack_scales_k4(ls, lm)                                       # (S, 12)
+        ls, lm = ls.astype(np.int64), lm.astype(np.int64)
+    packed = _pack_scales(ls, lm)                                         # (S, 12)
     dh, mh = _fp16(d, fmt), _fp16(dmin, fmt)
     sc, m = unpack_scales_k4(packed)                                      # what the file holds
     dd = dh.astype(F32)[:, None] * sc.astype(F32)                         # (S, 8)
