@@ -172,8 +172,11 @@ def write_table(n_windows: int = 2, calib_windows: int = 2, runs: int = 3,
                                       "threads": threads, "interleaved": True}},
                "machine": {**device.machine_record(), "cpus": os.cpu_count(),
                            "engine_threads": threads, "load_avg_1min": os.getloadavg()[0]},
-               "note": ("measured on a shared, loaded 2-core machine: tokens/s are comparable "
-                        "between rows of this run only (interleaved runs), not with other runs"),
+               "note": (f"measured on a shared, loaded machine (1-minute load average "
+                        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end): "
+                        f"perplexity, KL and top-1 do not depend on the load; tokens/s do, and "
+                        f"are comparable between rows of this run only (interleaved runs), and "
+                        f"under a heavy load not even that: rerun on an idle machine for speed"),
                "seconds_last_call": round(time.perf_counter() - t_all, 1),
                "reference_perplexity": ref.perplexity, "rows": rows}
         path.parent.mkdir(parents=True, exist_ok=True)

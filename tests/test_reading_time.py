@@ -12,6 +12,7 @@ STATED = re.compile(r"about (\d+) minutes to read \(([\d,]+) words at 200 a minu
 # "in under a minute" (measured with a full nbval run; the notebooks must stay under 45 s in CI)
 RUN_TIME = re.compile(r"runs\s+in\s+(?:about|under)\s+(?:(\d+)\s+seconds|a\s+minute)")
 LESSONS = [f"{n:02d}" for n in range(14)]          # 00-13
+LESSONS += ["14"]                                   # 14: k-quants and mixes
 
 
 def _markdown_words(path: Path) -> int:
