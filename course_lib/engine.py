@@ -17,6 +17,11 @@ function here says so in one line when it is missing. What lesson 13 does with i
 - :func:`bytes_per_token` and :func:`predicted_tokens_per_s`: lesson 00's prediction of the
   decode speed from the bytes each token reads and the measured memory bandwidth.
 
+Lesson 14 adds :func:`quantize_chunk` and :func:`dequantize_chunk`: the engine's own block
+quantizer (``ggml_quantize_chunk``, the C function ``llama_model_quantize`` calls per tensor)
+and decoder, called through ctypes on rows the course chooses, to check
+:mod:`course_lib.kquants` byte for byte; and the k-quant mixes in :func:`quantize_file`.
+
 The build flag matters: llama.cpp's default native build (``GGML_NATIVE=ON``) detected
 AVX-512/AMX on the course's test machine and crashed at the first evaluation; the portable
 build (``-DGGML_NATIVE=OFF``: AVX2 and FMA, no AVX-512) runs everywhere x86-64 does.
@@ -40,8 +45,10 @@ VERSION = "0.3.36"
 CMAKE_ARGS = "-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
 INSTALL = f'CMAKE_ARGS="{CMAKE_ARGS}" pip install llama-cpp-python=={VERSION}'
 MAKE = "make engine"
-#: llama.cpp's file types (``LLAMA_FTYPE_MOSTLY_*``) for the formats lesson 13 uses.
-FTYPES = {"f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7}
+#: llama.cpp's file types (``LLAMA_FTYPE_MOSTLY_*``) for the formats lesson 13 uses, and the
+#: k-quant mixes of lesson 14.
+FTYPES = {"f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7,
+          "q3_k_m": 12, "q4_k_s": 14, "q4_k_m": 15}
 
 
 # ----------------------------------------------------------------------------- is it there?
@@ -328,7 +335,8 @@ def speed_limits(models: dict, files: dict, threads=(1, 2), new_tokens: int = 48
 def quantize_file(src, dst, fmt: str, allow_requantize: bool = False,
                   overwrite: bool = False, threads: int | None = None) -> Path:
     """llama.cpp's own quantizer (``llama_model_quantize``) from GGUF ``src`` to ``dst`` in
-    ``fmt`` ("f16", "q8_0", "q4_0", "q4_1"). llama.cpp refuses to requantize a file whose
+    ``fmt`` ("f16", "q8_0", "q4_0", "q4_1"; the k-quant mixes "q4_k_m", "q4_k_s", "q3_k_m" of
+    lesson 14). llama.cpp refuses to requantize a file whose
     weights are already quantized unless ``allow_requantize=True`` (the double-quantization
     trap of lesson 13). Written under a temporary name and renamed: nothing half-written."""
     llama_cpp = require("llama_model_quantize")
@@ -366,6 +374,81 @@ def quantize_file(src, dst, fmt: str, allow_requantize: bool = False,
         if os.path.exists(tmp):
             os.unlink(tmp)
     return dst
+
+
+# ----------------------------------------------------------------------------- ggml's quantizer
+#: ggml's tensor types (``enum ggml_type``) for the block formats of lessons 13 and 14.
+GGML_TYPES = {"q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "q4_k": 12, "q5_k": 13,
+              "q6_k": 14}
+_GGML = None
+
+
+def _libggml():
+    """The engine's ``libggml-base`` through ctypes, loaded once, lazily (lesson 14)."""
+    global _GGML
+    if _GGML is None:
+        import ctypes
+        llama_cpp = require()
+        lib_dir = Path(llama_cpp.__file__).resolve().parent / "lib"
+        found = sorted(lib_dir.glob("libggml-base.*")) if lib_dir.is_dir() else []
+        if not found:
+            raise ImportError(f"llama_cpp has no libggml-base library in {lib_dir}; rebuild it "
+                              f"with `{MAKE}`")
+        lib = ctypes.CDLL(str(found[0]))
+        f = lib.ggml_quantize_chunk
+        f.restype = ctypes.c_size_t
+        f.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                      ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+        _GGML = lib
+    return _GGML
+
+
+def quantize_chunk(rows, fmt: str, imatrix=None) -> np.ndarray:
+    """llama.cpp's own bytes for ``rows`` (n, k) in block format ``fmt``: its C function
+    ``ggml_quantize_chunk(type, src, dst, start, nrows, n_per_row, imatrix)``, the one
+    ``llama_model_quantize`` calls for every tensor, through ctypes (lesson 14). ``imatrix``:
+    optional importance weights (k,), one per column. Returns uint8 (n, bytes per row); the
+    course's :func:`course_lib.kquants.quantize` must give the same bytes."""
+    from course_lib import kquants
+    if not isinstance(fmt, str) or fmt.lower() not in GGML_TYPES:
+        raise ValueError(f"fmt must be one of {sorted(GGML_TYPES)}; got {fmt!r}")
+    fmt = fmt.lower()
+    x = np.ascontiguousarray(torch.as_tensor(rows).detach().float().cpu().numpy())
+    if x.ndim != 2 or x.size == 0:
+        raise ValueError(f"rows must be a non-empty 2-D array (n, k); got shape {x.shape}")
+    n, k = x.shape
+    if not kquants.fits(fmt, k):
+        raise ValueError(f"{fmt.upper()} needs rows a multiple of {kquants.BLOCKS[fmt][0]} "
+                         f"wide; got {k}")
+    qw = None if imatrix is None else np.ascontiguousarray(kquants.check_imatrix(imatrix, k))
+    lib = _libggml()
+    out = np.zeros((n, kquants.row_bytes(fmt, k)), np.uint8)
+    size = lib.ggml_quantize_chunk(GGML_TYPES[fmt], x.ctypes.data, out.ctypes.data, 0, n, k,
+                                   None if qw is None else qw.ctypes.data)
+    if size != out.size:
+        raise RuntimeError(f"ggml_quantize_chunk wrote {size} bytes, expected {out.size}")
+    return out
+
+
+def dequantize_chunk(raw, fmt: str, cols: int) -> np.ndarray:
+    """llama.cpp's own decoding of rows of ``fmt`` bytes (n, bytes per row) to float32
+    (n, cols): its ``dequantize_row_*`` functions through ctypes (lesson 14)."""
+    import ctypes
+    from course_lib import kquants
+    if not isinstance(fmt, str) or fmt.lower() not in GGML_TYPES:
+        raise ValueError(f"fmt must be one of {sorted(GGML_TYPES)}; got {fmt!r}")
+    fmt = fmt.lower()
+    raw = np.ascontiguousarray(raw)
+    if raw.dtype != np.uint8 or raw.ndim != 2 or not kquants.fits(fmt, cols) or \
+            raw.shape[1] != kquants.row_bytes(fmt, cols):
+        raise ValueError(f"raw must be uint8 (n, {fmt.upper()} bytes of a {cols}-wide row); "
+                         f"got {raw.shape} {raw.dtype}")
+    f = getattr(_libggml(), f"dequantize_row_{fmt[:-1] + 'K' if fmt.endswith('_k') else fmt}")
+    f.restype = None
+    f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    out = np.zeros((raw.shape[0], cols), np.float32)
+    f(raw.ctypes.data, out.ctypes.data, out.size)
+    return out
 
 
 # ----------------------------------------------------------------------------- prediction

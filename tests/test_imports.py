@@ -27,19 +27,23 @@ PACKAGES = ("course_lib", "kernels")
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("1 formats and quantizers", (
         "course_lib.paths", "course_lib.device", "course_lib.compare", "course_lib.spread",
-        "course_lib.formats", "course_lib.quant")),
+        "course_lib.formats", "course_lib.quant",
+        "course_lib.kquants")),   # lesson 14
     ("2 model, loaders and evaluation", (
         "course_lib.data", "course_lib.model", "course_lib.eval", "course_lib.qmodel",
         "course_lib.activations", "course_lib.gguf_model", "course_lib.smollm",
+        "course_lib.kmix", "course_lib.imatrix",   # lesson 14
         "course_lib.train", "course_lib.validate", "course_lib.hardware")),
     ("3 methods and the KV cache", (
-        "course_lib.methods", "course_lib.kv", "course_lib.export")),
+        "course_lib.methods", "course_lib.kv", "course_lib.export",
+        "course_lib.sensitivity")),   # lesson 14
     ("4 timing and kernels", (
         "course_lib.bandwidth", "course_lib.bench", "kernels")),
     ("5 benchmarks", (
         "kernels.bench", "kernels.bench_layers", "kernels.bench_peers", "kernels.bench_decode",
         "kernels.bench_targets", "kernels.sweep_gemv", "kernels.compile_check",
-        "course_lib.guide", "course_lib.engine")),   # engine: lesson 13 (the engine branch)
+        "course_lib.guide", "course_lib.engine",   # engine: lesson 13 (the engine branch)
+        "course_lib.kmix_table")),   # lesson 14
     ("6 lessons' checks and widgets", (
         "course_lib.learner_progress", "course_lib.checks", "course_lib.widgets",
         "course_lib")),   # the package itself: course_lib.progress()

@@ -115,6 +115,8 @@ WRITERS = {
     "kernels/compile_check.py": ["main"],
     "kernels/sweep_gemv.py": ["sweep", "main"],
     "kernels/decode_attention.py": ["main"],
+    "course_lib/sensitivity.py": ["write"],          # lesson 14
+    "course_lib/kmix_table.py": ["write_table"],     # lesson 14
 }
 # modules that write JSON and mention results/ but write no results file
 NOT_WRITERS = {

@@ -1,0 +1,239 @@
+"""What a Q4_K_M file holds, and writing such a mix with the course's own quantizers (lesson 14).
+
+"Q4_K_M" names a *mix*, not a format: llama.cpp's quantizer picks a block format per tensor
+(``llama_tensor_get_type`` in its ``src/llama-quant.cpp``). :func:`llama_type` is that rule for a
+Llama-architecture model and the three mixes the lesson opens (Q4_K_M, Q4_K_S, Q3_K_M), as far as
+they differ for such a model:
+
+- every 2-D weight starts at the mix's base type (Q4_K for Q4_K_*, Q3_K for Q3_K_M);
+- ``attn_v`` and ``ffn_down`` get more bits in some layers: in Q4_K_M, Q6_K in the layers
+  :func:`use_more_bits` picks (the first and last eighth, and every third layer between);
+  in Q4_K_S, Q5_K in the first layers; in Q3_K_M, Q5_K in the first layers and Q4_K elsewhere
+  (``attn_output`` too);
+- the output head (SmolLM2 ties it to the token embedding, so the embedding plays that part)
+  gets Q6_K, or Q8_0 when its rows are not a multiple of 256 wide;
+- a k-quant needs rows a multiple of 256 wide; otherwise the tensor *falls back* to a
+  32-block format (Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0) and llama.cpp
+  counts it in "N of M tensor(s) required fallback quantization".
+
+:func:`read_mix` reads a GGUF file's tensor types and bytes; :func:`write_mix` writes a file
+from the course's F16 GGUF with a type per tensor, quantized by :mod:`course_lib.kquants`
+(optionally with an importance vector per tensor); from the same F16 file and the same types it
+gives llama.cpp's bytes exactly.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from course_lib import kquants
+
+#: llama.cpp's mixes this module knows: base type of the 2-D weights.
+MIXES = {"q4_k_m": "q4_k", "q4_k_s": "q4_k", "q3_k_m": "q3_k"}
+#: a k-quant's 32-block stand-in when the rows are not a multiple of 256 wide.
+FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+#: llama.cpp's file-type numbers, written in ``general.file_type``.
+FILE_TYPES = {"f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9,
+              "q3_k_m": 12, "q4_k_s": 14, "q4_k_m": 15}
+KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def use_more_bits(layer: int, n_layers: int) -> bool:
+    """llama.cpp's choice of the layers that get more bits in the _M mixes: the first eighth,
+    the last eighth, and every third layer in between."""
+    return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or \
+        (layer - n_layers // 8) % 3 == 2
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The type a mix wants for one tensor, the type stored, and whether it fell back."""
+    wanted: str
+    stored: str
+    fallback: bool
+
+
+def _check_mix(mix) -> str:
+    if not isinstance(mix, str) or mix.lower() not in MIXES:
+        raise ValueError(f"mix must be one of {sorted(MIXES)}; got {mix!r}")
+    return mix.lower()
+
+
+def llama_type(mix: str, name: str, cols: int, n_layers: int, tied: bool = True) -> Choice:
+    """The block format llama.cpp's ``mix`` gives tensor ``name`` (a GGUF name such as
+    ``blk.3.ffn_down.weight``) whose rows are ``cols`` wide, in a model of ``n_layers`` layers
+    (Llama architecture). ``tied``: the model has no separate ``output.weight`` (the token
+    embedding is the head)."""
+    mix = _check_mix(mix)
+    head = name == "output.weight" or (tied and name == "token_embd.weight")
+    if head:
+        t = "q8_0" if cols % kquants.QK_K else "q6_k"
+        return Choice(t, t, False)
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
+    if not m:
+        raise ValueError(f"{name!r} is not a Linear weight of a llama GGUF file")
+    layer, kind = int(m.group(1)), m.group(2)
+    t = MIXES[mix]
+    if kind == "attn_v":
+        if mix == "q4_k_m" and use_more_bits(layer, n_layers):
+            t = "q6_k"
+        elif mix == "q4_k_s" and layer < 4:
+            t = "q5_k"
+        elif mix == "q3_k_m":
+            t = "q5_k" if layer < 2 else "q4_k"
+    elif kind == "ffn_down":
+        if mix == "q4_k_m" and use_more_bits(layer, n_layers):
+            t = "q6_k"
+        elif mix == "q4_k_s" and layer < n_layers // 8:
+            t = "q5_k"
+        elif mix == "q3_k_m":
+            t = "q5_k" if layer < n_layers // 16 else "q4_k"
+    elif kind == "attn_output" and mix == "q3_k_m":
+        t = "q4_k"
+    if cols % kquants.QK_K == 0:
+        return Choice(t, t, False)
+    stored = FALLBACK[t]
+    return Choice(t, stored if cols % 32 == 0 else "f16", True)
+
+
+def plan(mix: str, src) -> dict[str, Choice]:
+    """llama_type for every 2-D weight of the GGUF file ``src``: {GGUF name: Choice}."""
+    from course_lib.gguf_model import open_gguf
+    reader = open_gguf(src)
+    names = {t.name for t in reader.tensors}
+    n_layers = int(reader.fields["llama.block_count"].contents())
+    out = {}
+    for t in reader.tensors:
+        if len(t.shape) == 2:
+            out[t.name] = llama_type(mix, t.name, int(t.shape[0]), n_layers,
+                                     tied="output.weight" not in names)
+    return out
+
+
+# ----------------------------------------------------------------------------- reading a file
+def read_mix(path) -> list[dict]:
+    """Every tensor of a GGUF file: name, type (lower case), shape (out, in), weights, bytes."""
+    from course_lib.gguf_model import open_gguf
+    rows = []
+    for t in open_gguf(path).tensors:
+        shape = tuple(int(s) for s in reversed(t.shape.tolist()))
+        rows.append({"name": t.name, "type": t.tensor_type.name.lower(), "shape": shape,
+                     "weights": int(t.n_elements), "bytes": int(t.n_bytes)})
+    return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    """Bytes, MiB and bits per weight of a file's tensors (llama.cpp's "quant size ... BPW"),
+    and the tensor count and bytes per type."""
+    total = sum(r["bytes"] for r in rows)
+    n = sum(r["weights"] for r in rows)
+    by_type = {}
+    for r in rows:
+        c, b = by_type.get(r["type"], (0, 0))
+        by_type[r["type"]] = (c + 1, b + r["bytes"])
+    return {"tensors": len(rows), "bytes": total, "mib": total / 2**20,
+            "bits_per_weight": 8 * total / n, "by_type": by_type}
+
+
+def layer_kind(name: str) -> tuple[int, str] | None:
+    """(layer, kind) of ``blk.{i}.{kind}.weight``, or None for the other tensors."""
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+# ----------------------------------------------------------------------------- writing one
+def _f16_weights(src):
+    """(metadata entries, [(name, array)]) of the course's F16 GGUF file: the 2-D weights as
+    float32 (rows in the file's order, fp16 values exactly), the rest as stored."""
+    from course_lib.gguf_model import open_gguf, read_metadata
+    reader = open_gguf(src)
+    tensors = []
+    for t in reader.tensors:
+        kind = t.tensor_type.name
+        if kind not in ("F16", "F32"):
+            raise ValueError(f"{Path(src).name}: tensor {t.name} is {kind}; write_mix starts "
+                             f"from an F16 file (export_gguf(model, path, 'f16')): quantizing "
+                             f"an already-quantized tensor would round it twice")
+        tensors.append((t.name, np.asarray(t.data)))
+    return read_metadata(src), tensors
+
+
+def file_bytes(types: dict, shapes: dict) -> int:
+    """Bytes of the tensors of a mix: {name: format} with {name: (out, in)}."""
+    total = 0
+    for name, shape in shapes.items():
+        out, cols = shape
+        t = types.get(name, "f16")
+        total += out * (cols * 2 if t == "f16" else kquants.row_bytes(t, cols))
+    return total
+
+
+def write_mix(src, dst, types: dict, imatrix: dict | None = None, file_type: str = "q4_k_m",
+              overwrite: bool = False, progress: bool = False) -> Path:
+    """Write GGUF ``dst`` from the F16 GGUF ``src`` with the block format ``types[name]`` for
+    each 2-D weight (GGUF names; any other 2-D weight stays F16, 1-D tensors stay F32).
+    ``imatrix``: {GGUF name: importance vector (in,)} for the tensors that use one.
+    ``file_type`` is what ``general.file_type`` says (a mix or a format). Written under a
+    temporary name beside ``dst`` and renamed: nothing half-written (lesson 14)."""
+    from gguf import GGMLQuantizationType as T, GGUFValueType, GGUFWriter
+    from course_lib.smollm import file_target
+    if file_type not in FILE_TYPES:
+        raise ValueError(f"file_type must be one of {sorted(FILE_TYPES)}; got {file_type!r}")
+    dst = file_target(dst, "dst", "mix.gguf")
+    if dst.suffix != ".gguf":
+        raise ValueError(f"dst must name a .gguf file; got {str(dst)!r}")
+    if dst.exists() and not overwrite:
+        raise FileExistsError(f"{dst} exists; pass overwrite=True to replace it")
+    if Path(src).resolve() == dst.resolve():
+        raise ValueError("dst must differ from src")
+    meta, tensors = _f16_weights(src)
+    names = {n for n, _ in tensors}
+    unknown = sorted(set(types) - names) + sorted(set(imatrix or {}) - names)
+    if unknown:
+        raise ValueError(f"no tensor named {unknown[0]!r} in {Path(src).name}")
+    for name, fmt in types.items():
+        if fmt != "f16" and fmt not in kquants.FORMATS:
+            raise ValueError(f"types[{name!r}] must be 'f16' or one of {kquants.FORMATS}; "
+                             f"got {fmt!r}")
+    items = tensors
+    if progress:
+        from tqdm.auto import tqdm
+        items = tqdm(tensors, desc="quantizing", unit="tensor")
+    out = []
+    for name, data in items:
+        fmt = types.get(name, "f16") if data.ndim == 2 else None
+        if fmt is None:
+            out.append((name, np.ascontiguousarray(data, np.float32), None))
+        elif fmt == "f16":
+            out.append((name, np.ascontiguousarray(data, np.float16), None))
+        else:
+            qw = None if imatrix is None else imatrix.get(name)
+            raw = kquants.quantize(data.astype(np.float32), fmt, qw)
+            out.append((name, raw, getattr(T, fmt.upper())))
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".partial", dir=dst.parent)
+    os.close(fd)
+    try:
+        writer = GGUFWriter(tmp, "llama")
+        for key, vtype, val, sub in meta:
+            if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
+                continue
+            writer.add_key_value(key, val, GGUFValueType(vtype),
+                                 sub_type=None if sub is None else GGUFValueType(sub))
+        writer.add_file_type(FILE_TYPES[file_type])
+        for name, data, raw in out:
+            writer.add_tensor(name, data, raw_dtype=raw)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, dst)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return dst
