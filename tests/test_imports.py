@@ -33,7 +33,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "course_lib.activations", "course_lib.gguf_model", "course_lib.smollm",
         "course_lib.train", "course_lib.validate", "course_lib.hardware")),
     ("3 methods and the KV cache", (
-        "course_lib.methods", "course_lib.kv", "course_lib.export")),
+        "course_lib.methods", "course_lib.kv", "course_lib.export",
+        "course_lib.qat")),   # qat: lesson 15
     ("4 timing and kernels", (
         "course_lib.bandwidth", "course_lib.bench", "kernels")),
     ("5 benchmarks", (
