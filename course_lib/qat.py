@@ -29,12 +29,12 @@ them:
   big to train whole on a CPU: one decoder block at a time, learn its steps (and optionally its
   weights) so that its outputs on captured calibration activations match the float block's.
 
-``python -m course_lib.qat --model bundled`` and ``--model smollm2`` write the committed tables
-``results/qat_bundled.json`` and ``results/qat_smollm2.json``.
+``python -m course_lib.qat_tables --model bundled`` and ``--model smollm2`` write the committed
+tables ``results/qat_bundled.json`` and ``results/qat_smollm2.json`` (that module sits a layer
+higher: it also drives llama.cpp).
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
@@ -442,12 +442,19 @@ def train_qat(model: nn.Module, corpus: torch.Tensor, steps: int, lr: float = 2e
 
 
 @torch.no_grad()
-def freeze(model: nn.Module, scale_dtype: torch.dtype = torch.float32, inplace: bool = False
-           ) -> nn.Module:
+def freeze(model: nn.Module, scale_dtype: torch.dtype = torch.float32, inplace: bool = False,
+           container_bits: int | None = None) -> nn.Module:
     """Every QATLinear as a :class:`~course_lib.methods.calibration.GroupQuantLinear` with its
     integer codes and steps (``scale_dtype``: fp16 for GGUF's Q4_0, bf16 for a bf16
     compressed-tensors checkpoint), so the writers of lessons 06 and 13 can save it. Ternary
-    layers become 2-bit codes -1..1 with one scale per row group of the whole row."""
+    layers become 2-bit codes -1..1 (one scale per row, the tensor's absmean).
+
+    container_bits: label the layers with this width instead (4: a 3-bit, 2-bit or ternary
+    grid's codes -3..3 / -1..1 are 4-bit codes that use only some of the 16 levels, so Q4_0
+    and pack-quantized INT4 hold the grid exactly, at 4 bits per code: the values survive,
+    the saving does not)."""
+    if container_bits is not None:
+        check_bits(container_bits)
     if not inplace:
         model = copy.deepcopy(model)
     layers = qat_linears(model)
@@ -456,6 +463,11 @@ def freeze(model: nn.Module, scale_dtype: torch.dtype = torch.float32, inplace: 
     for name, m in layers.items():
         codes, scale = m.codes_and_scale(scale_dtype)
         bits = 2 if m.mode == "ternary" else m.bits
+        if container_bits is not None:
+            if container_bits < bits:
+                raise ValueError(f"{name}: {bits}-bit codes do not fit {container_bits}-bit "
+                                 f"containers")
+            bits = container_bits
         bias = None if m.bias is None else nn.Parameter(m.bias.detach().clone(), requires_grad=False)
         new = cal.GroupQuantLinear(codes, scale, None, bits, m.group_size, bias, torch.float32,
                                    method=f"qat-{m.mode}")
@@ -463,3 +475,238 @@ def freeze(model: nn.Module, scale_dtype: torch.dtype = torch.float32, inplace: 
     for p in model.parameters():
         p.requires_grad_(False)
     return model
+
+
+@torch.no_grad()
+def to_container(model: nn.Module, bits: int = 4, group_size: int = 32,
+                 scale_dtype: torch.dtype = torch.float16) -> nn.Module:
+    """A copy whose GroupQuantLinear layers (a frozen QAT model, or RTN / GPTQ) are relabelled as
+    ``bits``-bit codes in groups of ``group_size`` with steps stored in ``scale_dtype``: what a
+    file format with wider codes holds (lesson 15). The codes are unchanged (a 3-bit grid's
+    -3..3 are 4-bit codes too); a per-row scale (ternary) is repeated for every group; the
+    steps are rounded to ``scale_dtype`` (fp16: GGUF), which moves each weight by at most half
+    an fp16 ulp of its step."""
+    model = copy.deepcopy(model)
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, cal.GroupQuantLinear)}
+    if not layers:
+        raise ValueError("the model has no GroupQuantLinear layers: freeze() a QAT model first")
+    for name, m in layers.items():
+        if not m.symmetric or m.bits > bits:
+            raise ValueError(f"{name}: int{m.bits} {'sym' if m.symmetric else 'asym'} codes do "
+                             f"not fit symmetric {bits}-bit containers")
+        scale = m.scale.float()                                              # (out, G)
+        if m.group_size != group_size:
+            if m.in_features % group_size or scale.shape[1] != 1:
+                raise ValueError(f"{name}: groups of {m.group_size} cannot be rewritten as groups "
+                                 f"of {group_size}")
+            scale = scale.repeat(1, m.in_features // group_size)             # (out, in/gs)
+        new = cal.GroupQuantLinear(m.codes.clone(), scale.to(scale_dtype), None, bits, group_size,
+                                   m.bias, torch.float32, method=m.method)
+        cal.replace(model, name, new)
+    return model
+
+
+# ----------------------------------------------------------------------------- block by block
+def block_loss(block: nn.Module, x: torch.Tensor, target: torch.Tensor, cos, sin) -> torch.Tensor:
+    """Mean squared error between a block's outputs on x (B, T, D) and the target (B, T, D),
+    relative to the target's mean square (so blocks of any scale weigh the same)."""
+    y = block(x, cos, sin)                                                   # (B, T, D)
+    return (y - target).pow(2).mean() / target.pow(2).mean().clamp_min(1e-12)
+
+
+def tune_block(block: nn.Module, x: torch.Tensor, target: torch.Tensor, cos, sin, bits: int,
+               group_size: int, mode: str = "lsq", steps: int = 20, lr: float = 1e-5,
+               scale_lr: float = 1e-3, batch: int = 2, train_weight: bool = True,
+               seed: int = 0) -> list[float]:
+    """EfficientQAT's block-wise step on one decoder block, in place (lesson 15): swap its
+    Linears for :class:`QATLinear` (started at round-to-nearest), then train the steps (and
+    the weights, if ``train_weight``) for ``steps`` steps on batches of ``batch`` calibration
+    windows so that ``block(x)`` matches ``target`` (the float block's outputs), x (n, T, D).
+    Returns the loss of every step (relative MSE)."""
+    steps = check_positive("steps", steps, whole=True)
+    batch = check_positive("batch", batch, whole=True)
+    if x.shape != target.shape or x.dim() != 3:
+        raise ValueError(f"x and target must be the same (windows, tokens, width); got "
+                         f"{tuple(x.shape)} and {tuple(target.shape)}")
+    prepare_qat(block, bits, group_size, mode, train_weight, skip=(), inplace=True)
+    opt = torch.optim.AdamW(param_groups(block, lr, scale_lr), betas=(0.9, 0.95))
+    g = torch.Generator().manual_seed(seed)
+    losses = []
+    block.train()
+    for step in range(steps):
+        for grp in opt.param_groups:
+            grp["lr"] = grp["base_lr"] * lr_at(step, steps)
+        pick = torch.randperm(x.shape[0], generator=g)[:batch]
+        loss = block_loss(block, x[pick], target[pick], cos, sin)
+        losses.append(check_loss(loss, step))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            for m in qat_linears(block).values():
+                if m.mode == "lsq":
+                    m.step.clamp_(min=1e-8)
+    block.eval()
+    return losses
+
+
+def blockwise_qat(model: nn.Module, ids: torch.Tensor, bits: int, group_size: int = 32,
+                  mode: str = "lsq", steps: int = 20, lr: float = 1e-5, scale_lr: float = 1e-3,
+                  batch: int = 2, train_weight: bool = True, n_blocks: int | None = None,
+                  progress: bool = False, log: list | None = None):
+    """:func:`tune_block` on every decoder block in turn (or the first ``n_blocks``), each on
+    the calibration windows ``ids`` (n, T): block i's inputs come from the blocks already
+    tuned (as the model will run), its target from the float model on the float inputs
+    (OmniQuant / EfficientQAT). Returns ``(frozen copy with GroupQuantLinear layers, seconds)``;
+    ``log`` collects each block's loss curve."""
+    check_bits(bits) if mode != "ternary" else None
+    cal.check_model(model, bits, group_size)
+    t0 = time.perf_counter()
+    qmodel = copy.deepcopy(model).requires_grad_(False)
+    fp_layers = list(model.model.layers)
+    layers = list(qmodel.model.layers)[:n_blocks]
+    cos, sin = model.rope(0, ids.shape[1])                                   # (T, hd) each
+    with torch.no_grad():
+        x_fp = torch.cat([model.model.embed_tokens(ids[i:i + 8])
+                          for i in range(0, ids.shape[0], 8)])               # (n, T, D)
+    x_q = x_fp.clone()
+    from tqdm.auto import tqdm
+    for i, block in enumerate(tqdm(layers, desc=f"blocks W{bits}", disable=not progress,
+                                   leave=False)):
+        y_fp = cal.run_block(fp_layers[i], x_fp, cos, sin, 8)               # the target
+        block.requires_grad_(True)
+        losses = tune_block(block, x_q, y_fp, cos, sin, bits, group_size, mode, steps, lr,
+                            scale_lr, batch, train_weight, seed=i)
+        block.requires_grad_(False)
+        if log is not None:
+            log.append(losses)
+        with torch.no_grad():
+            x_q = cal.run_block(block, x_q, cos, sin, 8)
+        x_fp = y_fp
+    return freeze(qmodel, inplace=True), time.perf_counter() - t0
+
+
+# ----------------------------------------------------------------------------- the tables
+#: The settings of the committed runs and of the lessons' short live runs. Bundled: QAT from
+#: the pretrained checkpoint on random windows of the training split, distilling the float
+#: model's next-byte distributions (LLM-QAT's loss), scored on the held-out text against the
+#: float model; RTN and GPTQ (lesson 06's calibration) on the same grid. SmolLM2: block by
+#: block on calibration windows of the reference text, scored on the lesson 04 protocol.
+SETTINGS = {
+    "bundled": {"group_size": 32, "bits": (4, 3, 2, "ternary"), "steps": 200, "batch": 8,
+                "ctx": 128, "lr": 1e-4, "scale_lr": None, "eval_windows": 32, "eval_window": 256,
+                "curve_windows": 8, "eval_every": 40, "calib_windows": 32, "calib_window": 256,
+                "slice": {"bits": 3, "steps": 40, "batch": 8, "ctx": 128, "eval_windows": 8,
+                          "eval_every": 20}},
+    "smollm2": {"group_size": 32, "bits": (3, 2), "steps": 5, "batch": 1, "lr": 1e-5,
+                "scale_lr": 1e-3, "calib_windows": 4, "calib_window": 512, "eval_windows": 8,
+                "eval_window": 512, "n_blocks": None, "methods_2bit": ("gptq+act",),
+                "export_windows": 1,
+                "slice": {"bits": 3, "steps": 5, "n_blocks": 1, "calib_windows": 4,
+                          "eval_windows": 1}},
+}
+
+
+def label(bits) -> str:
+    """'int4', 'int3', 'int2' or 'ternary'."""
+    return "ternary" if bits == "ternary" else f"int{bits}"
+
+
+def bits_per_weight(bits, group_size: int) -> float:
+    """Storage per weight: codes + a 16-bit step per group; ternary: log2(3) bits (the
+    information in three levels; files that hold it use 1.6-2 bits) and one scale per tensor."""
+    if bits == "ternary":
+        return math.log2(3)
+    return bits + 16 / group_size
+
+
+def results_path(model_name: str) -> Path:
+    if model_name not in SETTINGS:
+        raise ValueError(f"unknown model {model_name!r}; known: {', '.join(SETTINGS)}")
+    return RESULTS_DIR / f"qat_{model_name}.json"
+
+
+def load_results(model_name: str) -> dict:
+    """The committed table results/qat_<model>.json."""
+    path = results_path(model_name)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run `python -m course_lib.qat_tables --model "
+                                f"{model_name}`")
+    return json.loads(path.read_text())
+
+
+def find(rows: list[dict], method: str, bits) -> dict:
+    """The row of one method at one width (4, 3, 2 or "ternary")."""
+    for r in rows:
+        if r["method"] == method and r["bits"] == bits:
+            return r
+    raise KeyError(f"no row {method} {label(bits)}")
+
+
+def _scores(model, ref) -> dict:
+    from course_lib import eval as ceval
+    r = ceval.compare(model, ref)
+    return {k: round(float(r[k]), 6) for k in ("bits_per_byte", "perplexity", "kl_nats",
+                                                  "top1_agreement")}
+
+
+@torch.no_grad()
+def ternary_rtn(model: nn.Module) -> nn.Module:
+    """BitNet's absmean rounding applied once to a trained model, no training (the PTQ
+    baseline of the ternary row)."""
+    return freeze(prepare_qat(model, mode="ternary"))
+
+
+def bundled_run(model, bits, st: dict, corpus, ref_curve, steps=None, progress=False):
+    """One QAT run of the bundled model at ``bits`` (4, 3, 2 or "ternary"):
+    (QAT model, learning curve)."""
+    mode = "ternary" if bits == "ternary" else "lsq"
+    q = prepare_qat(model, 2 if bits == "ternary" else bits, st["group_size"], mode)
+
+    def evaluate(m):
+        from course_lib import eval as ceval
+        r = ceval.compare(m, ref_curve)
+        return {"kl_nats": round(float(r["kl_nats"]), 6),
+                "top1_agreement": round(float(r["top1_agreement"]), 6)}
+
+    curve = train_qat(q, corpus, steps or st["steps"], lr=st["lr"], scale_lr=st["scale_lr"],
+                      batch=st["batch"], ctx=st["ctx"], teacher=model, evaluate=evaluate,
+                      eval_every=st["eval_every"], progress=progress, desc=f"QAT {label(bits)}")
+    return q, curve
+
+
+def bundled_slice(model, corpus) -> dict:
+    """The short run lesson 15 repeats live (``SETTINGS['bundled']['slice']``): its held-out
+    KL and top-1 before and after, on the first ``eval_windows`` windows."""
+    from course_lib import data
+    from course_lib import eval as ceval
+    st = SETTINGS["bundled"]
+    sl = st["slice"]
+    W = st["eval_window"]
+    ref = ceval.reference(model, data.heldout_text(sl["eval_windows"] * W + 1), window=W)
+    short = {**st, **sl}
+    q, curve = bundled_run(model, sl["bits"], short, corpus, ref)
+    return {**sl, "curve": [[s, h] for s, h in curve.heldout],
+            "loss": [[s, round(v, 6)] for s, v in curve.loss], "seconds": round(curve.seconds, 1)}
+
+
+def smollm2_slice(model) -> dict:
+    """What lesson 15 runs live on SmolLM2: one block tuned at 3 bits on a few windows, its
+    relative output error before and after, and the model's KL on one window."""
+    from course_lib import smollm
+    st = SETTINGS["smollm2"]
+    sl = st["slice"]
+    ids = cal.calibration_ids("smollm2", sl["calib_windows"], st["calib_window"])
+    ref = smollm.reference(model, sl["eval_windows"], st["eval_window"])
+    log: list = []
+    qm, secs = blockwise_qat(model, ids, sl["bits"], st["group_size"], steps=sl["steps"],
+                             lr=st["lr"], scale_lr=st["scale_lr"], batch=st["batch"],
+                             n_blocks=sl["n_blocks"], log=log)
+    rtn = cal.rtn_model(model, sl["bits"], st["group_size"], n_blocks=sl["n_blocks"])
+    return {**sl, "block_loss": [round(log[0][0], 6), round(log[0][-1], 6)],
+            "qat": _scores(qm, ref), "rtn": _scores(rtn, ref), "seconds": round(secs, 1)}
+
+
+def _write(path: Path, out: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")

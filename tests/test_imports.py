@@ -40,7 +40,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("5 benchmarks", (
         "kernels.bench", "kernels.bench_layers", "kernels.bench_peers", "kernels.bench_decode",
         "kernels.bench_targets", "kernels.sweep_gemv", "kernels.compile_check",
-        "course_lib.guide", "course_lib.engine")),   # engine: lesson 13 (the engine branch)
+        "course_lib.guide", "course_lib.engine",   # engine: lesson 13 (the engine branch)
+        "course_lib.qat_tables")),   # qat_tables: lesson 15's committed runs
     ("6 lessons' checks and widgets", (
         "course_lib.learner_progress", "course_lib.checks", "course_lib.widgets",
         "course_lib")),   # the package itself: course_lib.progress()

@@ -1,5 +1,6 @@
 """Quantization-aware training (course_lib.qat): the straight-through estimator, LSQ's step
 gradient, learned clipping, BitNet's ternary weights, the QAT layer, step and loop."""
+import copy
 import math
 
 import pytest
@@ -272,3 +273,58 @@ def test_model_without_a_trainable_linear():
 def test_unknown_mode():
     with pytest.raises(ValueError, match="unknown mode 'bitnet'; known: lsq, clip, ternary"):
         qat.prepare_qat(_tiny_model(), 4, 32, "bitnet")
+
+
+# ----------------------------------------------------------------------------- containers
+def test_a_3_bit_grid_in_4_bit_containers_keeps_codes_and_weights():
+    q = qat.prepare_qat(_tiny_model(), 3, 32, "lsq")
+    frozen = qat.freeze(q)
+    boxed = qat.to_container(frozen, 4, 32, torch.float32)
+    ids = torch.randint(0, 256, (1, 12), generator=_gen(4))
+    assert torch.equal(boxed(ids), frozen(ids))
+    for m in boxed.modules():
+        if isinstance(m, cal.GroupQuantLinear):
+            assert m.bits == 4 and int(m.codes.abs().max()) <= 3
+    with pytest.raises(ValueError, match="do not fit symmetric 2-bit containers"):
+        qat.to_container(frozen, 2)
+
+
+def test_ternary_rows_become_groups_of_32_with_the_same_scale():
+    q = qat.prepare_qat(_tiny_model(), mode="ternary")
+    frozen = qat.freeze(q)
+    boxed = qat.to_container(frozen, 4, 32, torch.float32)
+    ids = torch.randint(0, 256, (1, 12), generator=_gen(5))
+    assert torch.allclose(boxed(ids), q(ids), atol=1e-5)
+    lin = boxed.model.layers[0].mlp.down_proj
+    assert lin.scale.shape == (64, 128 // 32) and torch.equal(lin.scale, lin.scale[:, :1].expand(-1, 4))
+
+
+# ----------------------------------------------------------------------------- block by block
+def test_tune_block_lowers_the_block_error_from_round_to_nearest():
+    model = _tiny_model()
+    block = copy.deepcopy(model.model.layers[0]).requires_grad_(True)
+    cos, sin = model.rope(0, 16)
+    x = torch.randn(4, 16, 64, generator=_gen(6))
+    with torch.no_grad():
+        target = model.model.layers[0](x, cos, sin)
+    losses = qat.tune_block(block, x, target, cos, sin, 2, 32, steps=15, lr=1e-3, scale_lr=1e-2)
+    assert losses[-1] < losses[0]
+    assert len(qat.qat_linears(block)) == 7
+
+
+def test_blockwise_qat_quantizes_every_block_linear():
+    model = _tiny_model()
+    ids = torch.randint(0, 256, (4, 16), generator=_gen(7))
+    log = []
+    qm, secs = qat.blockwise_qat(model, ids, 3, 32, steps=2, log=log)
+    kinds = {type(m).__name__ for n, m in qm.named_modules() if n.count(".") >= 3 and "proj" in n}
+    assert kinds == {"GroupQuantLinear"} and len(log) == 2 and secs > 0
+    assert all(p.requires_grad is False for p in qm.parameters())
+
+
+def test_tune_block_refuses_mismatched_activations():
+    model = _tiny_model()
+    cos, sin = model.rope(0, 8)
+    with pytest.raises(ValueError, match="x and target must be the same"):
+        qat.tune_block(model.model.layers[0], torch.zeros(2, 8, 64), torch.zeros(2, 8, 32),
+                       cos, sin, 3, 32)
