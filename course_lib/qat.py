@@ -705,8 +705,3 @@ def smollm2_slice(model) -> dict:
     rtn = cal.rtn_model(model, sl["bits"], st["group_size"], n_blocks=sl["n_blocks"])
     return {**sl, "block_loss": [round(log[0][0], 6), round(log[0][-1], 6)],
             "qat": _scores(qm, ref), "rtn": _scores(rtn, ref), "seconds": round(secs, 1)}
-
-
-def _write(path: Path, out: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import time
 from pathlib import Path
@@ -22,9 +23,14 @@ import torch.nn as nn
 
 from course_lib import qat
 from course_lib.methods import calibration as cal
-from course_lib.qat import (SETTINGS, _scores, _write, bits_per_weight, bundled_run,
+from course_lib.qat import (SETTINGS, _scores, bits_per_weight, bundled_run,
                             bundled_slice, label, results_path, smollm2_slice, ternary_rtn,
                             to_container)
+
+
+def _write(path: Path, out: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
 
 
 def export_check(qmodel: nn.Module, model: nn.Module, n_windows: int = 2,

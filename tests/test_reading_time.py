@@ -27,6 +27,9 @@ def test_words_are_counted_in_markdown_only(tmp_path):
     assert _markdown_words(tmp_path / "n.ipynb") == 4
 
 
+LESSONS.append("15")                                  # lesson 15: quantization-aware training
+
+
 @pytest.mark.parametrize("number", LESSONS)
 def test_stated_reading_time_fits_the_word_count(number):
     found = sorted((ROOT / "notebooks").glob(f"{number}_*.ipynb"))
