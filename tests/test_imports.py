@@ -36,14 +36,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "course_lib.train", "course_lib.validate", "course_lib.hardware")),
     ("3 methods and the KV cache", (
         "course_lib.methods", "course_lib.kv", "course_lib.export",
-        "course_lib.sensitivity")),   # lesson 14
+        "course_lib.sensitivity", "course_lib.qat")),   # lesson 14; qat: lesson 15
     ("4 timing and kernels", (
         "course_lib.bandwidth", "course_lib.bench", "kernels")),
     ("5 benchmarks", (
         "kernels.bench", "kernels.bench_layers", "kernels.bench_peers", "kernels.bench_decode",
         "kernels.bench_targets", "kernels.sweep_gemv", "kernels.compile_check",
         "course_lib.guide", "course_lib.engine",   # engine: lesson 13 (the engine branch)
-        "course_lib.kmix_table")),   # lesson 14
+        "course_lib.kmix_table", "course_lib.qat_tables")),   # lesson 14; lesson 15
     ("6 lessons' checks and widgets", (
         "course_lib.learner_progress", "course_lib.checks", "course_lib.widgets",
         "course_lib")),   # the package itself: course_lib.progress()
