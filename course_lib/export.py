@@ -415,8 +415,8 @@ def export_gguf(model: nn.Module, path: str | os.PathLike, fmt: str = "q4_0",
     temporary name beside ``path`` and renamed at the end, so a failed or refused export
     leaves nothing behind and never a half-written file.
     """
-    from gguf import GGUFValueType, GGUFWriter, GGMLQuantizationType as T
-    from course_lib.gguf_model import permute_rope_rows
+    from gguf import GGMLQuantizationType as T
+    from course_lib.gguf_model import permute_rope_rows, write_gguf
     from course_lib.model import LlamaModel
     fmt = _check_gguf_format(fmt)
     embed_fmt = _check_gguf_format(embed_fmt) if embed_fmt is not None else \
@@ -454,25 +454,4 @@ def export_gguf(model: nn.Module, path: str | os.PathLike, fmt: str = "q4_0",
             tensors.append((gname, value.half().numpy(), None))
         else:
             tensors.append((gname, value.to_bytes(), getattr(T, kind.upper())))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    os.close(fd)
-    try:
-        writer = GGUFWriter(tmp, "llama")
-        for key, vtype, val, sub in fields:
-            if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
-                continue
-            writer.add_key_value(key, val, GGUFValueType(vtype),
-                                 sub_type=None if sub is None else GGUFValueType(sub))
-        writer.add_file_type(GGUF_FORMATS[fmt])
-        for gname, data, raw in tensors:
-            writer.add_tensor(gname, data, raw_dtype=raw)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return write_gguf(path, fields, GGUF_FORMATS[fmt], tensors)

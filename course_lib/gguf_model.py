@@ -305,6 +305,42 @@ def unpermute_rope_rows(n_rows: int, n_heads: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- the file
+def write_gguf(path: str | Path, fields, file_type: int, tensors) -> Path:
+    """Write a GGUF file atomically (lessons 13, 14): ``fields`` as read from another GGUF file,
+    ``(key, value type, value, sub type)``, copied except the reader's own ``GGUF.*`` entries and
+    the architecture and file type (set here: ``file_type`` is llama.cpp's number);
+    ``tensors`` ``[(name, data, raw type or None)]``. The file appears complete or not at all.
+    """
+    import os
+    import tempfile
+
+    from gguf import GGUFValueType, GGUFWriter
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    os.close(fd)
+    try:
+        writer = GGUFWriter(tmp, "llama")
+        for key, vtype, val, sub in fields:
+            if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
+                continue
+            writer.add_key_value(key, val, GGUFValueType(vtype),
+                                 sub_type=None if sub is None else GGUFValueType(sub))
+        writer.add_file_type(file_type)
+        for name, data, raw in tensors:
+            writer.add_tensor(name, data, raw_dtype=raw)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
 def open_gguf(path: str | Path) -> "GGUFFile":
     """A GGUF file's metadata and tensors (:class:`GGUFFile`), with clear errors for the usual
     problems. Shaped like ``gguf.GGUFReader`` (``.fields[key].contents()``, ``.tensors``)."""

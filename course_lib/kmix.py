@@ -23,9 +23,7 @@ gives llama.cpp's bytes exactly.
 """
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,7 +178,9 @@ def write_mix(src, dst, types: dict, imatrix: dict | None = None, file_type: str
     ``imatrix``: {GGUF name: importance vector (in,)} for the tensors that use one.
     ``file_type`` is what ``general.file_type`` says (a mix or a format). Written under a
     temporary name beside ``dst`` and renamed: nothing half-written (lesson 14)."""
-    from gguf import GGMLQuantizationType as T, GGUFValueType, GGUFWriter
+    from gguf import GGMLQuantizationType as T
+
+    from course_lib.gguf_model import write_gguf
     from course_lib.smollm import file_target
     if file_type not in FILE_TYPES:
         raise ValueError(f"file_type must be one of {sorted(FILE_TYPES)}; got {file_type!r}")
@@ -215,25 +215,4 @@ def write_mix(src, dst, types: dict, imatrix: dict | None = None, file_type: str
             qw = None if imatrix is None else imatrix.get(name)
             raw = kquants.quantize(data.astype(np.float32), fmt, qw)
             out.append((name, raw, getattr(T, fmt.upper())))
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".partial", dir=dst.parent)
-    os.close(fd)
-    try:
-        writer = GGUFWriter(tmp, "llama")
-        for key, vtype, val, sub in meta:
-            if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
-                continue
-            writer.add_key_value(key, val, GGUFValueType(vtype),
-                                 sub_type=None if sub is None else GGUFValueType(sub))
-        writer.add_file_type(FILE_TYPES[file_type])
-        for name, data, raw in out:
-            writer.add_tensor(name, data, raw_dtype=raw)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, dst)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return dst
+    return write_gguf(dst, meta, FILE_TYPES[file_type], out)
