@@ -212,22 +212,29 @@ def printed_source_lines(cells: list[dict], root: Path = ROOT) -> tuple[int, lis
     return total, unresolved
 
 
+def solution_code_lines(cell: dict) -> int:
+    """Code lines (not blank, not comments) between the solution markers of one cell."""
+    if cell["cell_type"] != "code":
+        return 0
+    lines, inside = 0, False
+    for line in _source(cell).split("\n"):
+        s = line.strip()
+        if s in (BEGIN, END):
+            inside = s == BEGIN
+        elif inside and s and not s.startswith("#"):
+            lines += 1
+    return lines
+
+
 def solution_exercises(path: Path) -> tuple[int, int]:
     """(checked exercises, code lines of their solutions) of a solution notebook."""
     if not path.exists():
         return 0, 0
     ids, lines = set(), 0
     for c in _cells(path):
-        src = _source(c)
-        inside = False
-        for line in src.split("\n"):
-            s = line.strip()
-            if s in (BEGIN, END):
-                inside = s == BEGIN
-            elif inside and s and not s.startswith("#") and c["cell_type"] == "code":
-                lines += 1
+        lines += solution_code_lines(c)
         if c["cell_type"] == "code":
-            ids |= set(re.findall(r'check\(\s*"(\d{2}\.[A-Za-z0-9_]+)"', src))
+            ids |= set(re.findall(r'check\(\s*"(\d{2}\.[A-Za-z0-9_]+)"', _source(c)))
     return len(ids), lines
 
 

@@ -31,7 +31,6 @@ FOLDERS = ("notebooks", "solutions", "exercises")
 # Lessons that are being written: listed in the tables until their notebook lands.
 PLANNED = {"12_validate_and_choose": "12 · Validate and choose"}
 CHECK_CALL = re.compile(r'check\(\s*"(\d{2}\.[A-Za-z0-9_]+)"')
-BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 # Difficulty from the size of the reference solution (code lines, comments and blanks left out).
 DIFFICULTY = ((4, "★ warm-up"), (9, "★★ core"), (10**9, "★★★ stretch"))
 
@@ -89,15 +88,11 @@ def exercises(stem: str) -> list[dict]:
     registry = checks.load_all()
     found: dict[str, int] = {}
     lines = 0
+    from course_lib.authoring.reading_time import solution_code_lines
+
     for cell in _cells(path):
         source = "".join(cell["source"])
-        inside = False
-        for line in source.split("\n"):
-            s = line.strip()
-            if s in (BEGIN, END):
-                inside = s == BEGIN
-            elif inside and s and not s.startswith("#") and cell["cell_type"] == "code":
-                lines += 1
+        lines += solution_code_lines(cell)
         if cell["cell_type"] == "code":
             for m in CHECK_CALL.finditer(source):
                 found[m.group(1)] = found.get(m.group(1), 0) + lines
