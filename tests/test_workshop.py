@@ -115,3 +115,35 @@ def test_citation_file_names_the_course_and_its_version():
 def test_fill_fills_an_empty_block():
     text = "<!-- BEGIN GENERATED: t -->\n<!-- END GENERATED: t -->\n"
     assert workshop.fill(text, {"t": "a\nb"}) == "<!-- BEGIN GENERATED: t -->\na\nb\n<!-- END GENERATED: t -->\n"
+
+
+def test_agendas_follow_the_reading_time_rule():
+    from course_lib.authoring import reading_time as rt
+    for name in workshop.AGENDAS:
+        blocks = workshop.agenda_blocks(name)
+        assert blocks[-1]["start"] <= 8 * 60, f"{name} runs past 8 hours"
+        for b, nxt in zip(blocks, blocks[1:]):
+            assert nxt["start"] == b["start"] + b["minutes"]
+            if b["walkthrough"] is not None:
+                assert b["walkthrough"] + b["work"] <= b["minutes"] < b["walkthrough"] + b["work"] + 5
+                assert b["minutes"] % 5 == 0
+    # one block by hand: lesson 00 with two exercises
+    stem = "00_the_bill"
+    lines = {e["id"]: e["solution_lines"] for e in workshop.exercises(stem)}
+    walk = -(-rt.lesson_time(stem).reading_minutes // 3)
+    work = sum(5 + 2 * lines[x] for x in ("00.weight_gb", "00.decode_floor_ms"))
+    block = next(b for b in workshop.agenda_blocks("half_day") if b["what"].startswith("00 "))
+    assert (block["walkthrough"], block["work"]) == (walk, work)
+    assert block["minutes"] == -(-(walk + work) // 5) * 5
+
+
+def test_the_two_days_cover_every_lesson_once():
+    days = [b for name in ("day_1", "day_2") for kind, b, _ in workshop.AGENDAS[name] if kind == "lesson"]
+    written = [s for s in workshop.lesson_stems() if (workshop.ROOT / "notebooks" / f"{s}.ipynb").exists()]
+    assert sorted(days) == sorted(written)
+
+
+def test_an_agenda_naming_an_unknown_exercise_is_refused(monkeypatch):
+    monkeypatch.setitem(workshop.AGENDAS, "bad", [("lesson", "00_the_bill", ["00.weight_kg"])])
+    with pytest.raises(ValueError, match=r"\['00.weight_kg'\] are not exercises of 00_the_bill"):
+        workshop.agenda_blocks("bad")

@@ -268,6 +268,141 @@ def exercises_table() -> str:
     return "\n".join(rows)
 
 
+# ---- the agendas -----------------------------------------------------------------------------
+# A room's pace, from the same rule as the lesson headers: the instructor walks through a lesson
+# live in a third of its reading time (they read it aloud and skip what the room does not need
+# in full, e.g. the printed kernel source), then the room does the exercises named here, each
+# in the time the rule gives it. A block is rounded up to 5 minutes. The instructor chooses the
+# exercises; the clock follows from them.
+WALKTHROUGH_FRACTION = 3          # walk-through = reading time / 3
+ROUND_TO = 5                      # minutes
+# (kind, what, exercises done in the room | minutes)
+AGENDAS: dict[str, list[tuple]] = {
+    "half_day": [
+        ("fixed", "Welcome; everyone runs `make lab` and opens lesson 00 (fix stragglers now, in pairs)", 10),
+        ("lesson", "00_the_bill", ["00.weight_gb", "00.decode_floor_ms"]),
+        ("lesson", "01_number_formats", ["01.bf16_bits"]),
+        ("lesson", "02_absmax_and_zero_points", ["02.absmax_quantize", "02.dequantize"]),
+        ("break", "break (start lesson 04's Run All now: it runs for about a minute)", 15),
+        ("lesson", "03_outliers_and_block_scales", ["03.groupwise_quantize", "03.remove_outliers"]),
+        ("lesson", "04_a_real_model", ["04.kl_top1"]),
+        ("fixed", "Wrap-up: what GPTQ, AWQ and W8A8 add (lessons 06-08 as a demo), lesson 12's "
+                  "decision guide, lesson 13's SmolLM2 in llama.cpp on the instructor's machine "
+                  "(engine built beforehand with `make engine`)", 15),
+    ],
+    "day_1": [
+        ("fixed", "Welcome and setup check", 10),
+        ("lesson", "00_the_bill", ["00.weight_gb", "00.conversations_that_fit"]),
+        ("lesson", "01_number_formats", ["01.decode_e4m3"]),
+        ("lesson", "02_absmax_and_zero_points", ["02.absmax_quantize", "02.zero_point"]),
+        ("break", "break", 15),
+        ("lesson", "03_outliers_and_block_scales", ["03.groupwise_quantize", "03.mxfp4_block"]),
+        ("lesson", "04_a_real_model", ["04.kl_top1"]),
+        ("break", "lunch", 45),
+        ("lesson", "05_llm_int8", ["05.outlier_columns"]),
+        ("lesson", "06_gptq", ["06.hessian", "06.gptq_loop"]),
+        ("break", "break", 15),
+        ("lesson", "07_awq", ["07.scales"]),
+    ],
+    "day_2": [
+        ("fixed", "Recap of day 1; everyone starts `make engine` (lesson 13 needs it, ~5 minutes on 2 cores)", 10),
+        ("lesson", "08_smoothquant_w8a8", ["08.smoothing_factors", "08.fold_scales"]),
+        ("lesson", "09_kernels", ["09.unpack_int4_bits"]),
+        ("break", "break", 15),
+        ("lesson", "10_measure_decode_speed", ["10.layer_floor_ms", "10.floor_speedup"]),
+        ("lesson", "11_kv_cache", ["11.kivi_bytes"]),
+        ("break", "lunch", 45),
+        ("lesson", "12_validate_and_choose", ["12.mistakes_quiz", "12.first_divergence"]),
+        ("lesson", "13_ship_it", ["13.pack_q4_0"]),
+        ("break", "break", 15),
+        ("lesson", "14_k_quants", ["14.importance"]),
+        ("lesson", "15_quantization_aware_training", ["15.ste"]),
+    ],
+}
+AGENDA_TITLES = {"half_day": "Half day: from the bill to a real model",
+                 "day_1": "Two days, day 1: formats to GPTQ and AWQ",
+                 "day_2": "Two days, day 2: W8A8, kernels, the KV cache, shipping, below 4 bits"}
+
+
+def _round_up(minutes: float) -> int:
+    return -(-int(round(minutes)) // ROUND_TO) * ROUND_TO
+
+
+def agenda_blocks(name: str) -> list[dict]:
+    """One agenda's blocks with their minutes by the rule: start, what, exercises, minutes."""
+    from course_lib.authoring import reading_time as rt
+    blocks, clock = [], 0
+    for kind, what, extra in AGENDAS[name]:
+        if kind != "lesson":
+            blocks.append({"start": clock, "what": what, "exercises": [], "minutes": extra,
+                           "walkthrough": None, "work": None})
+            clock += extra
+            continue
+        known = {e["id"]: e for e in exercises(what)}
+        missing = [x for x in extra if x not in known]
+        if missing:
+            raise ValueError(f"agenda {name!r}: {missing} are not exercises of {what} "
+                             f"(its exercises: {sorted(known)})")
+        walk = -(-rt.lesson_time(what).reading_minutes // WALKTHROUGH_FRACTION)
+        work = sum(rt.EXERCISE_BASE_MINUTES + rt.EXERCISE_MINUTES_PER_LINE
+                   * known[x]["solution_lines"] for x in extra)
+        minutes = _round_up(walk + work)
+        blocks.append({"start": clock, "what": title(what), "exercises": list(extra),
+                       "minutes": minutes, "walkthrough": walk, "work": work})
+        clock += minutes
+    blocks.append({"start": clock, "what": "end", "exercises": [], "minutes": 0,
+                   "walkthrough": None, "work": None})
+    return blocks
+
+
+def _hm(minutes: int) -> str:
+    return f"{minutes // 60}:{minutes % 60:02d}"
+
+
+def agenda_table(name: str) -> str:
+    """Instructors: one agenda, its clock computed from the reading-time rule."""
+    blocks = agenda_blocks(name)
+    total = blocks[-1]["start"]
+    lessons = [b for b in blocks if b["walkthrough"] is not None]
+    rows = [f"**{AGENDA_TITLES[name]}**: {total // 60} h {total % 60:02d}, "
+            f"{len(lessons)} lessons.", "",
+            "| time | block | exercises in the room | minutes: walk-through + exercises -> block |",
+            "| --- | --- | --- | --- |"]
+    for b in blocks:
+        if b["walkthrough"] is None:
+            rows.append(f"| {_hm(b['start'])} | {b['what']} | | {b['minutes'] or ''} |")
+        else:
+            rows.append(f"| {_hm(b['start'])} | **{b['what']}** | "
+                        + ", ".join(f"`{x}`" for x in b["exercises"])
+                        + f" | {b['walkthrough']} + {b['work']} -> {b['minutes']} |")
+    return "\n".join(rows)
+
+
+def agendas_rule() -> str:
+    from course_lib.authoring import reading_time as rt
+    return (f"Each lesson block: a live walk-through in 1/{WALKTHROUGH_FRACTION} of the "
+            f"lesson's reading time (rounded up), then the exercises named, each at its time by the rule "
+            f"({rt.EXERCISE_BASE_MINUTES} minutes plus {rt.EXERCISE_MINUTES_PER_LINE} a line "
+            f"of solution); the sum rounded up to {ROUND_TO} minutes. The other exercises are "
+            "homework.")
+
+
+def course_in_a_room() -> str:
+    """Instructors: what the whole course takes a room by the agendas' rule (why two days)."""
+    from course_lib.authoring import reading_time as rt
+    walk = shortest = 0
+    for stem in lesson_stems():
+        if not (ROOT / "notebooks" / f"{stem}.ipynb").exists():
+            continue
+        walk += -(-rt.lesson_time(stem).reading_minutes // WALKTHROUGH_FRACTION)
+        shortest += min((rt.EXERCISE_BASE_MINUTES + rt.EXERCISE_MINUTES_PER_LINE
+                         * e["solution_lines"] for e in exercises(stem)), default=0)
+    return (f"By this rule the whole course's walk-throughs take {walk // 60} h {walk % 60:02d}, "
+            f"and its shortest exercise in each lesson {shortest // 60} h {shortest % 60:02d} "
+            f"more: {(walk + shortest) // 60} h {(walk + shortest) % 60:02d} before a break, "
+            "more than one day a room can keep.")
+
+
 GPU_SCHEMES = ("w8a16", "w4a16 g128", "fp8 w8a8", "int8 w8a8")
 
 
@@ -305,7 +440,9 @@ def gpu_table() -> str:
 def sections(times: dict | None) -> dict[str, dict[str, str]]:
     """Each document's generated tables, by name."""
     return {"instructors": {"study": study_table(), "times": times_table(times),
-                            "exercises": exercises_table(), "gpu": gpu_table()},
+                            "exercises": exercises_table(), "gpu": gpu_table(),
+                            **{f"agenda_{name}": agenda_table(name) for name in AGENDAS},
+                            "agenda_rule": agendas_rule(), "agenda_course": course_in_a_room()},
             "readme": {"lessons": lessons_table(times)}}
 
 
