@@ -28,7 +28,7 @@ MB = 1e6  # bytes in a (decimal) megabyte
 @dataclass
 class BandwidthResult:
     """What ``measure_copy_bandwidth`` found; ``median_gbps`` is the figure to use."""
-    device: str                 # "cpu" or "cuda:0"
+    device: str                 # "cpu", "cuda:0" or "mps"
     device_name: str            # e.g. "AMD EPYC" or "NVIDIA H100 80GB HBM3"
     bytes_per_copy: int         # size of the source tensor
     bytes_moved: int            # per copy: read + written = 2 x bytes_per_copy
@@ -59,15 +59,20 @@ class BandwidthResult:
 
     def __str__(self) -> str:
         lo, hi = min(self.samples_gbps), max(self.samples_gbps)
-        return (f"{self.device} ({self.device_name}): copy bandwidth {self.median_gbps:.1f} GB/s "
-                f"median of {len(self.samples_gbps)} (range {lo:.1f}-{hi:.1f}), "
-                f"{self.bytes_per_copy / MB:.0f} MB copied, {self.bytes_moved / MB:.0f} MB moved "
-                "per copy (read + write)")
+        head = (f"{self.device} ({self.device_name}): "
+                f"{'read' if self.bytes_moved == self.bytes_per_copy else 'copy'} bandwidth "
+                f"{self.median_gbps:.1f} GB/s median of {len(self.samples_gbps)} "
+                f"(range {lo:.1f}-{hi:.1f}), ")
+        if self.bytes_moved == self.bytes_per_copy:          # measure_read_bandwidth
+            return head + f"{self.bytes_per_copy / MB:.0f} MB read per pass"
+        return head + (f"{self.bytes_per_copy / MB:.0f} MB copied, {self.bytes_moved / MB:.0f} "
+                       "MB moved per copy (read + write)")
 
 
 def _check_device(device) -> None:
-    if not isinstance(device, str) or device not in ("auto", "cpu", "cuda", "cuda:0"):
-        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    if not isinstance(device, str) or device not in ("auto", "cpu", "cuda", "cuda:0", "mps"):
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'mps' (Apple's GPU), "
+                         f"got {device!r}")
 
 
 def _check(size_mb, repeats, warmup) -> tuple[float, int, int]:
@@ -98,17 +103,29 @@ def _copy_tensors(size_mb: float, device: str):
     return src, dst, n * 4
 
 
-def _measure_cpu(size_mb: float, repeats: int, warmup: int) -> BandwidthResult:
-    src, dst, nbytes = _copy_tensors(size_mb, "cpu")
+MPS_NAME = "Apple GPU (MPS)"
+
+
+def _measure_host_timed(size_mb: float, repeats: int, warmup: int,
+                        device: str = "cpu") -> BandwidthResult:
+    """Copy timed by the host clock: the CPU, or Apple's GPU with a synchronize either side
+    (MPS has no timing events the course relies on; untested by CI, which has no Mac)."""
+    from course_lib.device import synchronize
+
+    src, dst, nbytes = _copy_tensors(size_mb, device)
     for _ in range(warmup):
         dst.copy_(src)
     samples = []
     for _ in range(repeats):
+        synchronize(device)
         t0 = time.perf_counter()
         dst.copy_(src)
+        synchronize(device)
         seconds = time.perf_counter() - t0
         samples.append(2 * nbytes / seconds / 1e9)
-    return BandwidthResult("cpu", _cpu_name(), nbytes, 2 * nbytes, samples)
+    del src, dst
+    return BandwidthResult(device, MPS_NAME if device == "mps" else _cpu_name(), nbytes,
+                           2 * nbytes, samples)
 
 
 def _measure_cuda(size_mb: float, repeats: int, warmup: int) -> BandwidthResult:
@@ -138,7 +155,8 @@ def measure_copy_bandwidth(device: str = "auto", size_mb: float | None = None,
                            repeats: int = 7, warmup: int = 2) -> BandwidthResult:
     """Measure copy bandwidth on this machine (lesson 00).
 
-    ``device``: ``"cpu"``, ``"cuda"``, or ``"auto"`` (the GPU when there is one).
+    ``device``: ``"cpu"``, ``"cuda"``, ``"mps"`` (Apple Silicon's GPU, asked for explicitly:
+    ``"auto"`` never picks it), or ``"auto"`` (the CUDA GPU when there is one).
     ``size_mb``: megabytes copied each time; default 256 on a CPU (well past a 32 MB L3
     cache, so RAM is measured, not cache) and 1024 on a GPU. On a 2-core CPU the default
     takes about a second.
@@ -154,12 +172,20 @@ def measure_copy_bandwidth(device: str = "auto", size_mb: float | None = None,
         require_gpu("measure_copy_bandwidth(device='cuda')")
         size_mb, repeats, warmup = _check(1024 if size_mb is None else size_mb, repeats, warmup)
         return _measure_cuda(size_mb, repeats, warmup)
+    if device == "mps":
+        from course_lib.device import require_mps
+
+        require_mps("measure_copy_bandwidth(device='mps')")
+        size_mb, repeats, warmup = _check(1024 if size_mb is None else size_mb, repeats, warmup)
+        return _measure_host_timed(size_mb, repeats, warmup, "mps")
     size_mb, repeats, warmup = _check(256 if size_mb is None else size_mb, repeats, warmup)
-    return _measure_cpu(size_mb, repeats, warmup)
+    return _measure_host_timed(size_mb, repeats, warmup, "cpu")
 
 
 def _measure_read(size_mb: float, repeats: int, warmup: int, device: str) -> BandwidthResult:
     import torch
+
+    from course_lib.device import synchronize
 
     n = max(1, int(size_mb * MB) // 4)
     src = torch.ones(n, dtype=torch.float32, device=device)             # (n,) pages touched
@@ -177,16 +203,18 @@ def _measure_read(size_mb: float, repeats: int, warmup: int, device: str) -> Ban
             end.record()
             end.synchronize()
             seconds = start.elapsed_time(end) / 1e3
-        else:
+        else:                                   # the host clock: the CPU, or MPS synchronized
+            synchronize(device)
             t0 = time.perf_counter()
             src.sum()
+            synchronize(device)
             seconds = time.perf_counter() - t0
         samples.append(nbytes / seconds / 1e9)
-    name = torch.cuda.get_device_name(0) if cuda else _cpu_name()
+    name = torch.cuda.get_device_name(0) if cuda else MPS_NAME if device == "mps" else _cpu_name()
     del src
     if cuda:
         torch.cuda.empty_cache()
-    return BandwidthResult("cuda:0" if cuda else "cpu", name, nbytes, nbytes, samples)
+    return BandwidthResult("cuda:0" if cuda else device, name, nbytes, nbytes, samples)
 
 
 def measure_read_bandwidth(device: str = "auto", size_mb: float | None = None,
@@ -207,6 +235,12 @@ def measure_read_bandwidth(device: str = "auto", size_mb: float | None = None,
         require_gpu("measure_read_bandwidth(device='cuda')")
         size_mb, repeats, warmup = _check(1024 if size_mb is None else size_mb, repeats, warmup)
         return _measure_read(size_mb, repeats, warmup, "cuda")
+    if device == "mps":
+        from course_lib.device import require_mps
+
+        require_mps("measure_read_bandwidth(device='mps')")
+        size_mb, repeats, warmup = _check(1024 if size_mb is None else size_mb, repeats, warmup)
+        return _measure_read(size_mb, repeats, warmup, "mps")
     size_mb, repeats, warmup = _check(256 if size_mb is None else size_mb, repeats, warmup)
     return _measure_read(size_mb, repeats, warmup, "cpu")
 

@@ -182,11 +182,13 @@ def time_cpu(fn: Callable[[], object], warmup: int = 2, repeats: int = 7) -> flo
 
 
 def compare_cpu(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: int = 7,
-                budget_s: float | None = None) -> dict[str, list[float]]:
+                budget_s: float | None = None, sync: Callable[[], None] | None = None
+                ) -> dict[str, list[float]]:
     """Time several functions A/B-interleaved on the CPU: {name: [ms per repeat]} (lesson 10).
 
     Each round calls every function once, starting from a different one each round. With
-    ``budget_s``, rounds stop early (after at least 3) once the budget is spent.
+    ``budget_s``, rounds stop early (after at least 3) once the budget is spent. ``sync``
+    (for a device that queues work: ``compare_mps``) is called before and after each timed call.
     """
     _check_counts(warmup, repeats)
     if not isinstance(fns, dict) or not fns:
@@ -203,12 +205,70 @@ def compare_cpu(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: 
     start = time.perf_counter()
     for r in range(repeats):
         for name in names[r % len(names):] + names[: r % len(names)]:
+            if sync is not None:
+                sync()
             t0 = time.perf_counter()
             fns[name]()
+            if sync is not None:
+                sync()
             samples[name].append((time.perf_counter() - t0) * 1e3)
         if budget_s is not None and r >= 2 and time.perf_counter() - start > budget_s:
             break
     return samples
+
+
+def compare_mps(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: int = 7,
+                budget_s: float | None = None) -> dict[str, list[float]]:
+    """``compare_cpu`` on Apple Silicon's GPU: MPS queues work, so each timed call is
+    synchronized either side (lessons 00 and 10; untested by CI, which has no Mac)."""
+    from course_lib.device import require_mps, synchronize
+
+    require_mps("course_lib.bench.compare_mps")
+    return compare_cpu(fns, warmup, repeats, budget_s, sync=lambda: synchronize("mps"))
+
+
+def time_linears(device: str, K: int, N: int, batches=(1, 16), dtypes=("float16", "bfloat16"),
+                 warmup: int = 3, repeats: int = 9) -> dict[str, list[dict]]:
+    """Median ms of torch's ``F.linear`` for x (M, K) and a random weight (N, K), each batch M and
+    16-bit dtype, interleaved, on ``"cpu"`` or ``"mps"`` (lesson 10's Apple-GPU section).
+    Returns ``{"rows": [...], "refused": [...]}``: a row per (M, dtype) with ms, bytes (weight
+    + x + y), GB/s and TFLOP/s; a dtype the device refuses (bf16 on an older macOS) is listed
+    in ``refused`` with the error, not timed."""
+    import torch
+    import torch.nn.functional as F
+
+    from course_lib.device import synchronize
+
+    if device not in ("cpu", "mps"):
+        raise ValueError(f"device must be 'cpu' or 'mps' (a CUDA GPU has its own timer, "
+                         f"time_gpu), got {device!r}")
+    K, N = _whole("K", K), _whole("N", N)
+    batches = [_whole("each batch", M) for M in batches]
+    fns, rows, refused = {}, [], []
+    for name in dtypes:
+        dtype = getattr(torch, name, None)
+        if not isinstance(dtype, torch.dtype) or dtype.itemsize != 2:
+            raise ValueError(f"dtypes must name 16-bit torch dtypes such as 'float16', got {name!r}")
+        try:
+            w = torch.randn(N, K, device=device, dtype=dtype) / K ** 0.5          # (N, K)
+            xs = {M: torch.randn(M, K, device=device, dtype=dtype) for M in batches}   # (M, K)
+            F.linear(xs[batches[0]], w)
+            synchronize(device)
+        except (RuntimeError, TypeError) as err:        # e.g. bf16 on an older macOS
+            refused.append({"dtype": name, "error": f"{type(err).__name__}: {err}".splitlines()[0]})
+            continue
+        for M in batches:
+            fns[(M, name)] = lambda x=xs[M], w=w: F.linear(x, w)
+    if fns:
+        timed = (compare_mps if device == "mps" else compare_cpu)(
+            {f"{M} {n}": f for (M, n), f in fns.items()}, warmup, repeats)
+        for (M, name) in fns:
+            ms = median_ms(timed[f"{M} {name}"])
+            nbytes = linear_bytes(M, N, K, 16, 2, 2)
+            rows.append({"M": M, "dtype": name, "ms": ms, "bytes": nbytes,
+                         "gbps": achieved_gbps(nbytes, ms),
+                         "tflops": achieved_tflops(linear_flops(M, N, K), ms)})
+    return {"rows": rows, "refused": refused}
 
 
 def median_ms(samples: list[float]) -> float:
@@ -546,7 +606,7 @@ def plot_gemv_tile(N: int, K: int, M: int, block_n: int, block_k: int, program: 
     return ax
 
 
-__all__ = ["LAYERS_8B", "LAYERS_70B", "time_gpu", "time_gpu_graph", "time_cpu", "compare_cpu", "median_ms", "linear_flops", "linear_bytes",
+__all__ = ["compare_mps", "time_linears", "LAYERS_8B", "LAYERS_70B", "time_gpu", "time_gpu_graph", "time_cpu", "compare_cpu", "median_ms", "linear_flops", "linear_bytes",
            "arithmetic_intensity", "achieved_gbps", "achieved_tflops", "ridge_point",
            "roofline_tflops", "layer_floor_ms", "floor_speedup", "catalogue_gpu", "plot_roofline", "WEIGHT_BITS",
            "RESULTS", "gain_by_batch", "count_torch_ops", "cuda_kernels_launched", "nibbles_of_word", "plot_nibble_layout", "plot_gemv_tile"]

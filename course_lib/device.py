@@ -95,6 +95,25 @@ def mps_available() -> bool:
     return bool(mps is not None and mps.is_available())
 
 
+def require_mps(what: str) -> None:
+    """Raise a clear error when an Apple-GPU path is called where torch has no MPS (lessons 00, 10)."""
+    if not mps_available():
+        raise RuntimeError(
+            f"{what} needs Apple Silicon's GPU through torch's MPS backend, and this machine has "
+            "none (torch.backends.mps.is_available() is False). Use device='cpu', or 'cuda' on "
+            "an NVIDIA GPU.")
+
+
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work (a CPU runs eagerly: nothing to wait for)."""
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    elif device == "mps":
+        torch.mps.synchronize()
+
+
 def triton_status() -> tuple[bool, str]:
     """(True, "") when Triton can be imported here; else (False, one line saying why).
 

@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from course_lib.bandwidth import BandwidthResult, measure_copy_bandwidth
+from course_lib.bandwidth import BandwidthResult, measure_copy_bandwidth, measure_read_bandwidth
 
 
 def test_cpu_copy_bandwidth_is_plausible_and_quick():
@@ -40,8 +40,8 @@ def test_default_size_reaches_past_the_cache():
     ({"repeats": True}, "repeats must be a whole number, 1 or more"),
     ({"warmup": -1}, "warmup must be a whole number, 0 or more"),
     ({"warmup": 0.5}, "warmup must be a whole number, 0 or more"),
-    ({"device": "tpu"}, "device must be 'auto', 'cpu' or 'cuda'"),
-    ({"device": 0}, "device must be 'auto', 'cpu' or 'cuda'"),
+    ({"device": "tpu"}, "device must be 'auto', 'cpu', 'cuda' or 'mps'"),
+    ({"device": 0}, "device must be 'auto', 'cpu', 'cuda' or 'mps'"),
 ])
 @pytest.mark.parametrize("measure", ["copy", "read"])
 def test_bad_arguments_are_refused(kwargs, message, measure):
@@ -91,3 +91,33 @@ def test_read_bandwidth_counts_bytes_once_and_refuses_bad_input():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
             measure_read_bandwidth("cuda")
+
+
+# ---- Apple Silicon's GPU (MPS): untested on a Mac by CI; here, the refusals and the shared code
+
+@pytest.mark.parametrize("fn", [measure_copy_bandwidth, measure_read_bandwidth])
+def test_mps_without_an_apple_gpu_is_refused_clearly(fn, monkeypatch):
+    from course_lib import device
+    monkeypatch.setattr(device, "mps_available", lambda: False)
+    with pytest.raises(RuntimeError, match=r"needs Apple Silicon's GPU .* Use device='cpu'"):
+        fn("mps")
+
+
+def test_auto_never_picks_mps(monkeypatch):
+    from course_lib import device
+    monkeypatch.setattr(device, "mps_available", lambda: True)
+    assert measure_read_bandwidth("auto", size_mb=8, repeats=2).device in ("cpu", "cuda:0")
+
+
+def test_host_timed_copy_synchronizes_around_every_timed_copy(monkeypatch):
+    from course_lib import bandwidth, device
+    calls = []
+    monkeypatch.setattr(device, "synchronize", lambda d: calls.append(d))
+    r = bandwidth._measure_host_timed(8, 3, 1, "cpu")
+    assert calls == ["cpu"] * 6 and len(r.samples_gbps) == 3 and r.bytes_moved == 2 * r.bytes_per_copy
+
+
+def test_read_result_says_read_not_copy():
+    r = measure_read_bandwidth("cpu", size_mb=8, repeats=2)
+    assert "read bandwidth" in str(r) and "read per pass" in str(r) and "copy" not in str(r)
+    assert "copy bandwidth" in str(measure_copy_bandwidth("cpu", size_mb=8, repeats=2))

@@ -526,3 +526,52 @@ def test_gpu_only_peers_stay_off_a_cpu():
         assert kbench.separating_measurements is not None
         with pytest.raises(RuntimeError, match="GPU"):
             kbench.separating_measurements()
+
+
+# ---- Apple Silicon's GPU (MPS): the synchronized timer and the 16-bit linear timings
+
+def test_compare_cpu_calls_sync_around_each_timed_call():
+    calls = []
+    out = bench.compare_cpu({"a": lambda: None, "b": lambda: None}, warmup=1, repeats=3,
+                            sync=lambda: calls.append(1))
+    assert len(calls) == 2 * 2 * 3 and all(len(v) == 3 for v in out.values())
+
+
+def test_compare_mps_refuses_without_an_apple_gpu(monkeypatch):
+    from course_lib import device
+    monkeypatch.setattr(device, "mps_available", lambda: False)
+    with pytest.raises(RuntimeError, match="compare_mps needs Apple Silicon's GPU"):
+        bench.compare_mps({"a": lambda: None})
+
+
+def test_time_linears_on_the_cpu_counts_bytes_and_flops():
+    out = bench.time_linears("cpu", 256, 128, batches=(1, 4), dtypes=("float16",), repeats=3)
+    assert out["refused"] == [] and [(r["M"], r["dtype"]) for r in out["rows"]] == [(1, "float16"), (4, "float16")]
+    r = out["rows"][1]
+    assert r["bytes"] == 256 * 128 * 2 + 4 * 256 * 2 + 4 * 128 * 2
+    assert r["gbps"] == pytest.approx(r["bytes"] / r["ms"] / 1e6)
+    assert r["tflops"] == pytest.approx(2 * 4 * 256 * 128 / r["ms"] / 1e9)
+
+
+def test_time_linears_lists_a_dtype_the_device_refuses(monkeypatch):
+    import torch.nn.functional as F
+    real = F.linear
+
+    def picky(x, w, *a):
+        if x.dtype == torch.bfloat16:
+            raise RuntimeError("bfloat16 is not supported here\nsecond line")
+        return real(x, w, *a)
+    monkeypatch.setattr(F, "linear", picky)
+    out = bench.time_linears("cpu", 64, 64, batches=(1,), repeats=2)
+    assert [r["dtype"] for r in out["rows"]] == ["float16"]
+    assert out["refused"] == [{"dtype": "bfloat16", "error": "RuntimeError: bfloat16 is not supported here"}]
+
+
+@pytest.mark.parametrize("kw, match", [({"device": "cuda"}, "device must be 'cpu' or 'mps'"),
+                                       ({"dtypes": ("float32",)}, "16-bit torch dtypes"),
+                                       ({"dtypes": ("fp16",)}, "16-bit torch dtypes"),
+                                       ({"batches": (0,)}, "each batch")])
+def test_time_linears_bad_input(kw, match):
+    args = {"device": "cpu", "K": 64, "N": 64, **kw}
+    with pytest.raises(ValueError, match=match):
+        bench.time_linears(**args)
