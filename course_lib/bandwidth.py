@@ -88,6 +88,26 @@ def _check(size_mb, repeats, warmup) -> tuple[float, int, int]:
     return float(size_mb), repeats, warmup
 
 
+def _resolve(what: str, device, size_mb, repeats, warmup) -> tuple[str, float, int, int]:
+    """The device to measure ("cpu", "cuda" or "mps"; "auto" never picks MPS), refused with a
+    clear message where it is absent, and the checked sizes (default 256 MB on a CPU, 1 GB on
+    a GPU)."""
+    import torch
+
+    from course_lib.device import require_gpu, require_mps
+
+    _check_device(device)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = "cuda" if device.startswith("cuda") else device
+    if device == "cuda":
+        require_gpu(f"{what}(device='cuda')")
+    elif device == "mps":
+        require_mps(f"{what}(device='mps')")
+    default_mb = 256 if device == "cpu" else 1024
+    return (device, *_check(default_mb if size_mb is None else size_mb, repeats, warmup))
+
+
 def _cpu_name() -> str:
     from course_lib.device import detect
 
@@ -161,25 +181,11 @@ def measure_copy_bandwidth(device: str = "auto", size_mb: float | None = None,
     cache, so RAM is measured, not cache) and 1024 on a GPU. On a 2-core CPU the default
     takes about a second.
     """
-    import torch
-
-    _check_device(device)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda"):
-        from course_lib.device import require_gpu
-
-        require_gpu("measure_copy_bandwidth(device='cuda')")
-        size_mb, repeats, warmup = _check(1024 if size_mb is None else size_mb, repeats, warmup)
+    device, size_mb, repeats, warmup = _resolve("measure_copy_bandwidth", device, size_mb,
+                                                repeats, warmup)
+    if device == "cuda":
         return _measure_cuda(size_mb, repeats, warmup)
-    if device == "mps":
-        from course_lib.device import require_mps
-
-        require_mps("measure_copy_bandwidth(device='mps')")
-        size_mb, repeats, warmup = _check(1024 if size_mb is None else size_mb, repeats, warmup)
-        return _measure_host_timed(size_mb, repeats, warmup, "mps")
-    size_mb, repeats, warmup = _check(256 if size_mb is None else size_mb, repeats, warmup)
-    return _measure_host_timed(size_mb, repeats, warmup, "cpu")
+    return _measure_host_timed(size_mb, repeats, warmup, device)
 
 
 def _measure_read(size_mb: float, repeats: int, warmup: int, device: str) -> BandwidthResult:
@@ -224,25 +230,9 @@ def measure_read_bandwidth(device: str = "auto", size_mb: float | None = None,
     Counts ``n`` bytes per pass (nothing is written but one number). Same defaults and
     checks as ``measure_copy_bandwidth``.
     """
-    import torch
-
-    _check_device(device)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda"):
-        from course_lib.device import require_gpu
-
-        require_gpu("measure_read_bandwidth(device='cuda')")
-        size_mb, repeats, warmup = _check(1024 if size_mb is None else size_mb, repeats, warmup)
-        return _measure_read(size_mb, repeats, warmup, "cuda")
-    if device == "mps":
-        from course_lib.device import require_mps
-
-        require_mps("measure_read_bandwidth(device='mps')")
-        size_mb, repeats, warmup = _check(1024 if size_mb is None else size_mb, repeats, warmup)
-        return _measure_read(size_mb, repeats, warmup, "mps")
-    size_mb, repeats, warmup = _check(256 if size_mb is None else size_mb, repeats, warmup)
-    return _measure_read(size_mb, repeats, warmup, "cpu")
+    device, size_mb, repeats, warmup = _resolve("measure_read_bandwidth", device, size_mb,
+                                                repeats, warmup)
+    return _measure_read(size_mb, repeats, warmup, device)
 
 
 __all__ = ["BandwidthResult", "measure_copy_bandwidth", "measure_read_bandwidth"]
