@@ -172,11 +172,7 @@ def write_table(n_windows: int = 2, calib_windows: int = 2, runs: int = 3,
                                       "threads": threads, "interleaved": True}},
                "machine": {**device.machine_record(), "cpus": os.cpu_count(),
                            "engine_threads": threads, "load_avg_1min": os.getloadavg()[0]},
-               "note": (f"measured on a shared, loaded machine (1-minute load average "
-                        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end): "
-                        f"perplexity, KL and top-1 do not depend on the load; tokens/s do, and "
-                        f"are comparable between rows of this run only (interleaved runs), and "
-                        f"under a heavy load not even that: rerun on an idle machine for speed"),
+               "note": _load_note(os.getloadavg()[0], os.cpu_count() or 1),
                "seconds_last_call": round(time.perf_counter() - t_all, 1),
                "reference_perplexity": ref.perplexity, "rows": rows}
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -185,6 +181,16 @@ def write_table(n_windows: int = 2, calib_windows: int = 2, runs: int = 3,
     finally:
         if not work_dir:
             shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _load_note(load: float, cpus: int) -> str:
+    """What the load at the end of the run says about its tokens/s."""
+    head = (f"1-minute load average {load:.1f} on {cpus} cores at the end; perplexity, KL and "
+            "top-1 do not depend on the load")
+    if load <= cpus + 0.5:              # the engine's own threads (one per core), little else
+        return head + "; tokens/s were measured on an otherwise idle machine (interleaved runs)"
+    return head + ("; tokens/s do, and are comparable between rows of this run only "
+                   "(interleaved runs): rerun on an idle machine for speed")
 
 
 def load_table(path: Path = RESULTS_FILE) -> dict:

@@ -41,8 +41,9 @@ MODULES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
 KINDS = tuple(MODULES)
 #: the formats the allocation chooses from (each where the width allows it).
 CANDIDATES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
-#: the protocol of the committed scan
-WINDOWS, WINDOW, CAL_WINDOWS = 1, 64, 1
+#: the protocol of the committed scan: the engine table's (course_lib.kmix_table) evaluation
+#: windows and importance-matrix calibration, 2 windows of 512 tokens each
+WINDOWS, WINDOW, CAL_WINDOWS = 2, 512, 2
 
 
 def low_format(cols: int) -> str:
@@ -159,8 +160,10 @@ def write(path: Path = RESULTS_FILE, **kw) -> dict:
     out = scan(**kw)
     out["machine"] = {**device.machine_record(), "cpus": os.cpu_count(),
                       "load_avg_1min": os.getloadavg()[0]}
-    out["note"] = ("measured on a shared, loaded machine: timings are not comparable; KL "
-                   "values are")
+    load = out["machine"]["load_avg_1min"]
+    out["note"] = (f"1-minute load average {load:.1f} on {os.cpu_count()} CPUs when it finished"
+                   + (": a shared machine, so the seconds are an upper bound; the KL values do "
+                      "not depend on load" if load > 0.5 * (os.cpu_count() or 1) else ""))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     return out

@@ -136,6 +136,13 @@ PROBES = {
                    '[ppl["Q4_0 GPTQ"]["kl_nats"] / ppl["Q4_0 RTN"]["kl_nats"], None]} '
                    'if HAVE_ENGINE else {})'),
     )),
+    "14": Probe("notebooks/14_k_quants.ipynb", (
+        Capture(16, '{f"14 SmolLM2 blk.{layer}.{kind} KL": [live_kl[layer, kind], '
+                    'committed[f"blk.{layer}.{kind}.weight"]["kl_nats"][0]] '
+                    'for layer, kind in live_kl}'),
+        Capture(20, '({"14 engine course mix KL": [sc["kl_nats"], by_file[name]["kl_nats"]]} '
+                    'if HAVE_ENGINE else {})'),
+    )),
 }
 
 
