@@ -85,3 +85,28 @@ def test_the_stated_time_follows_the_rule(stem):
 
 def test_the_command_leaves_the_headers_as_they_are():
     assert rt.stale_headers() == [], "run python -m course_lib.authoring.reading_time"
+
+
+STATED_RUN = re.compile(r"runs\s+in\s+(about|under)\s+(?:(\d+)\s+seconds|(a)\s+minute(\s+and\s+a\s+half)?)")
+
+
+@pytest.mark.parametrize("stem", LESSONS)
+def test_the_stated_run_time_is_the_measured_one(stem):
+    """A header's run time is a measurement: results/notebook_times.json (a timed nbval run of
+    a fresh clone, `make notebook-times`) must bear it out, 'under N' below N seconds of wall
+    time, 'about N' within a factor 1.5 either way."""
+    cells = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text())["cells"]
+    flat = " ".join("".join(cells[0]["source"]).split())
+    m = STATED_RUN.search(flat)
+    assert m, f"{stem}: no run time in its header"
+    seconds = int(m.group(2)) if m.group(2) else 90 if m.group(4) else 60
+    times = json.loads((ROOT / "results" / "notebook_times.json").read_text())["notebooks"]
+    rec = times.get(f"notebooks/{stem}.ipynb")
+    assert rec is not None, (f"{stem}: its run time is stated but was never measured: run "
+                             "`make notebook-times` on an idle machine")
+    wall = rec["wall_s"]
+    if m.group(1) == "under":
+        assert wall <= seconds, f"{stem}: says under {seconds} s, measured {wall:.0f} s"
+    else:
+        assert seconds / 1.5 <= wall <= 1.5 * seconds, \
+            f"{stem}: says about {seconds} s, measured {wall:.0f} s"
