@@ -7,18 +7,14 @@ import torch
 from course_lib import checks, qat
 from course_lib.checks import check, lesson15
 
+from checker_cases import rejected_on
+
 checks.load_all()
 
 
 @pytest.fixture(autouse=True)
 def learner_mode(monkeypatch):
     monkeypatch.setenv("COURSE_CHECKS", "learner")
-
-
-def _rejected_on(ex_id, wrong, label_part):
-    result = check(ex_id, wrong, quiet=True)
-    assert result.status == "failed", f"{wrong.__name__} passed {ex_id}"
-    assert label_part in result.report, result.report[:600]
 
 
 W = lesson15.with_gradient
@@ -37,7 +33,7 @@ S = lesson15.after_one_step
     ("15.qat_step", S(lesson15._wrong_step_kl_reversed), "distilling the float model"),
 ])
 def test_each_wrong_answer_is_rejected_by_its_case(ex_id, wrong, label):
-    _rejected_on(ex_id, wrong, label)
+    rejected_on(ex_id, wrong, label)
 
 
 @pytest.mark.parametrize("ex_id", ["15.ste", "15.lsq_step_grad", "15.qat_step"])
