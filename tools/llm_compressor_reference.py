@@ -152,8 +152,8 @@ def recipes(quick: bool) -> dict:
 
 def _cpu_only_workaround() -> str | None:
     """llm-compressor 0.14 pins its cached activations (``Tensor.pin_memory``), which raises
-    "Cannot access accelerator device" on a machine without a GPU (its AWQ and SmoothQuant
-    paths). Pinning only speeds up copies to a GPU: without one it is a no-op, so make it one."""
+    "Cannot access accelerator device" on a machine without a GPU (seen in its AWQ, which
+    caches activations between layers). Pinning only speeds up copies to a GPU: without one it is a no-op, so make it one."""
     if torch.cuda.is_available():
         return None
     torch.Tensor.pin_memory = lambda self, *a, **k: self
