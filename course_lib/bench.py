@@ -220,7 +220,7 @@ def compare_cpu(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: 
 def compare_mps(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: int = 7,
                 budget_s: float | None = None) -> dict[str, list[float]]:
     """``compare_cpu`` on Apple Silicon's GPU: MPS queues work, so each timed call is
-    synchronized either side (lessons 00 and 10; untested by CI, which has no Mac)."""
+    synchronized either side (lesson 10; untested by CI, which has no Mac)."""
     from course_lib.device import require_mps, synchronize
 
     require_mps("course_lib.bench.compare_mps")
