@@ -91,6 +91,12 @@ class LessonTime:
                 f"printed source, at 200 words, 20 and 5 lines a minute); {ex}; ")
 
 
+def one_exercise_minutes(solution_lines: int) -> int:
+    """The rule's time for one exercise whose solution has ``solution_lines`` code lines (the
+    instructors' agendas; a lesson's ``exercise_minutes`` is the sum over its exercises)."""
+    return EXERCISE_BASE_MINUTES + EXERCISE_MINUTES_PER_LINE * solution_lines
+
+
 # ---- counting --------------------------------------------------------------------------------
 
 def _cells(path: Path) -> list[dict]:

@@ -245,7 +245,7 @@ def study_table() -> str:
         total = t.reading_minutes + t.exercise_minutes
         rows.append(f"| {title(stem)} | {t.words:,} | {t.code_lines} | {t.source_lines} | "
                     f"{t.reading_minutes} min | {t.exercises} | {t.exercise_minutes} min | "
-                    f"{total // 60} h {total % 60:02d} |")
+                    f"{_h_mm(total)} |")
     rows += ["", f"Reading: prose at {rt.WORDS_PER_MINUTE} words a minute, the lesson's own code "
                  f"at {rt.CODE_LINES_PER_MINUTE} lines a minute, printed library and kernel "
                  f"source at {rt.SOURCE_LINES_PER_MINUTE}; exercises: "
@@ -324,6 +324,12 @@ AGENDA_TITLES = {"half_day": "Half day: from the bill to a real model",
                  "day_2": "Two days, day 2: W8A8, kernels, the KV cache, shipping, below 4 bits"}
 
 
+def walkthrough_minutes(stem: str) -> int:
+    """A lesson's live walk-through: its reading time by the rule / WALKTHROUGH_FRACTION, rounded up."""
+    from course_lib.authoring import reading_time as rt
+    return -(-rt.lesson_time(stem).reading_minutes // WALKTHROUGH_FRACTION)
+
+
 def _round_up(minutes: float) -> int:
     return -(-int(round(minutes)) // ROUND_TO) * ROUND_TO
 
@@ -343,9 +349,8 @@ def agenda_blocks(name: str) -> list[dict]:
         if missing:
             raise ValueError(f"agenda {name!r}: {missing} are not exercises of {what} "
                              f"(its exercises: {sorted(known)})")
-        walk = -(-rt.lesson_time(what).reading_minutes // WALKTHROUGH_FRACTION)
-        work = sum(rt.EXERCISE_BASE_MINUTES + rt.EXERCISE_MINUTES_PER_LINE
-                   * known[x]["solution_lines"] for x in extra)
+        walk = walkthrough_minutes(what)
+        work = sum(rt.one_exercise_minutes(known[x]["solution_lines"]) for x in extra)
         minutes = _round_up(walk + work)
         blocks.append({"start": clock, "what": title(what), "exercises": list(extra),
                        "minutes": minutes, "walkthrough": walk, "work": work})
@@ -353,6 +358,11 @@ def agenda_blocks(name: str) -> list[dict]:
     blocks.append({"start": clock, "what": "end", "exercises": [], "minutes": 0,
                    "walkthrough": None, "work": None})
     return blocks
+
+
+def _h_mm(minutes: int) -> str:
+    """A duration: 435 -> '7 h 15'."""
+    return f"{minutes // 60} h {minutes % 60:02d}"
 
 
 def _hm(minutes: int) -> str:
@@ -364,7 +374,7 @@ def agenda_table(name: str) -> str:
     blocks = agenda_blocks(name)
     total = blocks[-1]["start"]
     lessons = [b for b in blocks if b["walkthrough"] is not None]
-    rows = [f"**{AGENDA_TITLES[name]}**: {total // 60} h {total % 60:02d}, "
+    rows = [f"**{AGENDA_TITLES[name]}**: {_h_mm(total)}, "
             f"{len(lessons)} lessons.", "",
             "| time | block | exercises in the room | minutes: walk-through + exercises -> block |",
             "| --- | --- | --- | --- |"]
@@ -394,12 +404,12 @@ def course_in_a_room() -> str:
     for stem in lesson_stems():
         if not (ROOT / "notebooks" / f"{stem}.ipynb").exists():
             continue
-        walk += -(-rt.lesson_time(stem).reading_minutes // WALKTHROUGH_FRACTION)
-        shortest += min((rt.EXERCISE_BASE_MINUTES + rt.EXERCISE_MINUTES_PER_LINE
-                         * e["solution_lines"] for e in exercises(stem)), default=0)
-    return (f"By this rule the whole course's walk-throughs take {walk // 60} h {walk % 60:02d}, "
-            f"and its shortest exercise in each lesson {shortest // 60} h {shortest % 60:02d} "
-            f"more: {(walk + shortest) // 60} h {(walk + shortest) % 60:02d} before a break, "
+        walk += walkthrough_minutes(stem)
+        shortest += min((rt.one_exercise_minutes(e["solution_lines"]) for e in exercises(stem)),
+                        default=0)
+    return (f"By this rule the whole course's walk-throughs take {_h_mm(walk)}, "
+            f"and its shortest exercise in each lesson {_h_mm(shortest)} "
+            f"more: {_h_mm(walk + shortest)} before a break, "
             "more than one day a room can keep.")
 
 
