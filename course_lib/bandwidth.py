@@ -126,23 +126,26 @@ def _copy_tensors(size_mb: float, device: str):
 MPS_NAME = "Apple GPU (MPS)"
 
 
+def _host_seconds(fn, device: str) -> float:
+    """Seconds of one ``fn()`` by the host clock, the device's queue drained either side."""
+    from course_lib.device import synchronize
+
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - t0
+
+
 def _measure_host_timed(size_mb: float, repeats: int, warmup: int,
                         device: str = "cpu") -> BandwidthResult:
     """Copy timed by the host clock: the CPU, or Apple's GPU with a synchronize either side
     (MPS has no timing events the course relies on; untested by CI, which has no Mac)."""
-    from course_lib.device import synchronize
-
     src, dst, nbytes = _copy_tensors(size_mb, device)
     for _ in range(warmup):
         dst.copy_(src)
-    samples = []
-    for _ in range(repeats):
-        synchronize(device)
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        synchronize(device)
-        seconds = time.perf_counter() - t0
-        samples.append(2 * nbytes / seconds / 1e9)
+    samples = [2 * nbytes / _host_seconds(lambda: dst.copy_(src), device) / 1e9
+               for _ in range(repeats)]
     del src, dst
     return BandwidthResult(device, MPS_NAME if device == "mps" else _cpu_name(), nbytes,
                            2 * nbytes, samples)
@@ -191,8 +194,6 @@ def measure_copy_bandwidth(device: str = "auto", size_mb: float | None = None,
 def _measure_read(size_mb: float, repeats: int, warmup: int, device: str) -> BandwidthResult:
     import torch
 
-    from course_lib.device import synchronize
-
     n = max(1, int(size_mb * MB) // 4)
     src = torch.ones(n, dtype=torch.float32, device=device)             # (n,) pages touched
     nbytes = n * 4
@@ -210,11 +211,7 @@ def _measure_read(size_mb: float, repeats: int, warmup: int, device: str) -> Ban
             end.synchronize()
             seconds = start.elapsed_time(end) / 1e3
         else:                                   # the host clock: the CPU, or MPS synchronized
-            synchronize(device)
-            t0 = time.perf_counter()
-            src.sum()
-            synchronize(device)
-            seconds = time.perf_counter() - t0
+            seconds = _host_seconds(src.sum, device)
         samples.append(nbytes / seconds / 1e9)
     name = torch.cuda.get_device_name(0) if cuda else MPS_NAME if device == "mps" else _cpu_name()
     del src
