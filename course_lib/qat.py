@@ -598,11 +598,11 @@ SETTINGS = {
                 "curve_windows": 8, "eval_every": 40, "calib_windows": 32, "calib_window": 256,
                 "slice": {"bits": 3, "steps": 40, "batch": 8, "ctx": 128, "eval_windows": 8,
                           "eval_every": 20}},
-    "smollm2": {"group_size": 32, "bits": (3, 2), "steps": 5, "batch": 1, "lr": 1e-5,
-                "scale_lr": 1e-3, "calib_windows": 4, "calib_window": 512, "eval_windows": 8,
-                "eval_window": 512, "n_blocks": None, "methods_2bit": ("gptq+act",),
+    "smollm2": {"group_size": 32, "bits": (3, 2), "steps": 200, "batch": 2, "lr": 1e-4,
+                "scale_lr": 1e-3, "calib_windows": 16, "calib_window": 512, "eval_windows": 8,
+                "eval_window": 512, "n_blocks": None, "methods_2bit": ("gptq", "gptq+act", "awq"),
                 "export_windows": 1,
-                "slice": {"bits": 3, "steps": 5, "n_blocks": 1, "calib_windows": 4,
+                "slice": {"bits": 3, "steps": 40, "n_blocks": 1, "calib_windows": 4,
                           "eval_windows": 1}},
 }
 
