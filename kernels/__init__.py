@@ -9,7 +9,7 @@ inputs, a plain-torch reference and a benchmark.
 - ``kernels.dequant16`` int4 -> fp16/bf16 in the 16-bit domain from 32-bit words (Marlin's
   trick), the kernel layout (``prepack``) and a NumPy model of the inline assembly
 - ``kernels.ptx_interp`` a small PTX interpreter that runs that inline assembly as written
-  on a CPU (the tests check it bit for bit on every byte)
+  on a CPU (the tests check it bit for bit on every 16-bit element)
 - ``kernels.fp8_w8a8`` FP8 E4M3 weights (per channel) and activations (per token, quantized
   on the fly), fp32 accumulation; needs compute capability 8.9+ on a GPU
 - ``kernels.w8a8_int8`` INT8 weights (per channel) and activations (per token, quantized by a

@@ -176,6 +176,15 @@ def sass_main_loop(cubin: bytes) -> list[str] | None:
     return best
 
 
+def _opcode(sass_line: str) -> str:
+    """A SASS line's opcode without its guard predicate or modifiers: '@!P0 LDGSTS.E.BYPASS
+    [...]' -> 'LDGSTS'."""
+    words = sass_line.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else ""
+
+
 def resource_usage(cubin: bytes) -> dict:
     """{'regs': n, 'local_bytes': n} from cuobjdump (Triton's wheel ships it), or {}."""
     tool = None
@@ -304,7 +313,7 @@ def check(archs=ARCHS, all_configs: bool = False, report: bool = False, only=Non
                                    sass_int_to_float_in_loop=sum(
                                        1 for y in sass if y.split()[0].startswith("I2F")),
                                    sass_loop_opcodes=dict(Counter(
-                                       y.split()[0].split(".")[0] for y in sass).most_common(12)))
+                                       _opcode(y) for y in sass).most_common()))
                         extra += (f" (SASS {per_sass:.2f}, cp.async "
                                   f"{'yes' if rec['sass_cp_async_in_loop'] else 'no'}, I2F "
                                   f"{rec['sass_int_to_float_in_loop']})")
@@ -350,12 +359,12 @@ def plan_jobs(arch: int, M: int, K: int, N: int, sms: int):
     sig = next(j for j in w4a16.compile_jobs(arch) if j.name == "w4a16_dot").signature
     consts.update(GROUP=128, HAS_ZERO=False, W_DTYPE=tl.bfloat16, USE_ASM=arch >= 80,
                   DOT_FP32=False)
-    steps = (K // 128) // p["GROUPS_PER_STEP"]
+    steps = (K // 128) // p["UNITS_PER_STEP"]             # group 128: one unit a group
     p = {**p, "rule": split_plan(-(-N // p["BLOCK_N"]), steps, sms, p["num_stages"] - 1)}
     out.append(("w4a16_dot", CompileJob("w4a16_dot", w4a16.w4a16_dot_kernel, sig, consts,
                                         p["num_warps"], p["num_stages"],
                                         weight_bytes_per_step=p["BLOCK_N"] * 64 *
-                                        p["GROUPS_PER_STEP"]), p, steps))
+                                        p["UNITS_PER_STEP"]), p, steps))
     p8 = w8a16.dot_plan(M, N, K, sms=sms)
     consts = {k: v for k, v in p8.items() if k not in ("num_warps", "num_stages")}
     p8 = {**p8, "rule": split_plan(-(-N // p8["BLOCK_N"]), -(-K // p8["BLOCK_K"]), sms,

@@ -11,28 +11,40 @@ What you will learn
   of 8 is absorbed in the same instruction. No int-to-float conversion anywhere.
 * The kernel layout (``prepack``, done once when the weight is made): the checkpoint keeps
   ``course_lib.quant.pack_int4`` (code 2i low nibble, 2i+1 high, two's complement). The
-  kernels want (1) offset-binary codes u = q + 8 (symmetric; asymmetric codes are already
-  0..15), so no XOR is left in the loop, and (2) in each group of G codes, byte c holding
-  code c in its low nibble and code G/2 + c in its high nibble. A group's bytes then give
-  a "low" tile (the group's first half) and a "high" tile (its second half), which meet two
-  plain, contiguous loads of x: nothing is reshuffled in registers, and x is used as it is.
-* ``tl.inline_asm_elementwise`` on sm_80 and newer (``dequant_pair``, ``USE_ASM=True``):
-  four bytes per 32-bit register (pack 4); one PRMT spreads two bytes into the two lanes,
-  LOP3 adds the exponent, FMA subtracts. A pure-Triton path (``USE_ASM=False``: the
-  interpreter cannot run inline assembly, nor can GPUs before sm_80 run bf16x2) gives the
-  same bits. ``emulate_asm`` replays the assembly's bit operations in NumPy so a CPU test
-  (and lesson 09's exercise) can check them for all 16 codes in every byte position.
+  kernel wants (1) offset-binary codes u = q + 8 (symmetric; asymmetric codes are already
+  0..15), so no XOR is left in the loop, and (2) codes that land in the lanes where the
+  dot needs them. K is cut into *units* of U = max(G, 64) codes (``layout_unit``: one group
+  of 64 or 128, or two groups of 32), each unit into four *quarters* of Q = U/4 codes.
+  16-bit element e of a unit (bytes 2e, 2e+1) holds code e of each quarter::
 
-Pseudo-code of one 32-bit register r = bytes (b0, b1, b2, b3), fp16 flavour::
+      nibble 0: code e        (quarter 0)      nibble 2: code Q + e   (quarter 1)
+      nibble 1: code 2Q + e   (quarter 2)      nibble 3: code 3Q + e  (quarter 3)
 
-    t0 = prmt(r, 0, 0x4140)                 # (b0, 0, b1, 0): byte 0 -> lane 0, byte 1 -> lane 1
-    t1 = prmt(r, 0, 0x4342)                 # (b2, 0, b3, 0)
-    lo01 = (t0 & 0x000F000F) | 0x64006400   # lanes 1024 + low nibble of b0, b1
-    hi01 = (t0 & 0x00F000F0) | 0x64006400   # lanes 1024 + 16 * high nibble (fp16 only)
-    lo01 = lo01 - 1032 (both lanes)         # low codes - 8, exact
-    hi01 = hi01 * (1/16) - 72 (both lanes)  # high codes - 8, exact (one FMA)
-    (the same for t1; bf16 shifts t right by 4 for the high nibbles: its 7-bit mantissa has
-    no room for 16 * u)
+  so a unit's Q elements give four (BLOCK_N, Q) tiles of codes, one per quarter, that meet
+  four plain, contiguous loads of x (x[:, jQ : (j+1)Q] for quarter j). Nothing is
+  reshuffled in registers, and x is used as it is.
+* Why 16-bit elements: the kernel loads the weights as int16, two per 32-bit register, and
+  one register carries the same nibble position of two elements into the two lanes. No
+  byte permute (PRMT) is needed, and the compiler hands ``tl.dot`` the registers as they
+  come (a uint8 load made it repack bytes first: kernels.compile_check counts both).
+* ``tl.inline_asm_elementwise`` on sm_80 and newer (``dequant_quad``, ``USE_ASM=True``):
+  two elements per 32-bit register (pack 2) -> four registers of two exact 16-bit values,
+  one per quarter. A pure-Triton path (``USE_ASM=False``: the interpreter cannot run inline
+  assembly, nor can GPUs before sm_80 run bf16x2) gives the same bits. ``emulate_asm``
+  replays the assembly's bit operations in NumPy so a CPU test can check them for all 16
+  codes in every nibble; ``kernels.ptx_interp`` runs the strings themselves (lesson 09).
+
+Pseudo-code of one 32-bit register r = elements (a, b), a in bits 0-15, fp16 flavour::
+
+    t  = r >> 8                             # nibbles 2, 3 of a and b down to nibbles 0, 1
+    q0 = (r & 0x000F000F) | 0x64006400      # lanes 1024 + nibble 0 of a, b (quarter 0)
+    q1 = (t & 0x000F000F) | 0x64006400      # nibble 2 (quarter 1)
+    q2 = (r & 0x00F000F0) | 0x64006400      # 1024 + 16 * nibble 1 (quarter 2; fp16 only)
+    q3 = (t & 0x00F000F0) | 0x64006400      # 1024 + 16 * nibble 3 (quarter 3)
+    q0, q1 = q0 - 1032, q1 - 1032           # codes - 8, exact (both lanes)
+    q2, q3 = q2 * (1/16) - 72, q3 * (1/16) - 72   # codes - 8, exact (one FMA each)
+    (9 instructions for 8 weights; bf16 shifts by 4, 8 and 12 instead, since its 7-bit
+    mantissa has no room for 16 * u, and subtracts with an FMA: 11)
 """
 from __future__ import annotations
 
@@ -47,52 +59,60 @@ BIAS16 = {"float16": 1032.0, "bfloat16": 136.0}     # the magic number + the zer
 
 # ---------------------------------------------------------------------------- layout
 
+def layout_unit(group_size: int) -> int:
+    """Codes per unit of the kernel layout: max(G, 64). A quarter (U/4 codes) is one
+    ``tl.dot``'s K, which must be at least 16; a unit holds one group, or two of 32."""
+    return max(group_size, 64)
+
+
+def _check_layout_input(t: torch.Tensor, what: str, made_by: str, group_size: int) -> int:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.dim() != 2:
+        raise TypeError(f"{what} must be a 2-D uint8 tensor (N, K/2) {made_by}")
+    K = 2 * t.shape[1]
+    if group_size < 2 or group_size % 2:
+        raise ValueError(f"the group size must be even, got {group_size}")
+    U = layout_unit(group_size)
+    if K % U:
+        raise ValueError(f"K = {K} must be a multiple of the kernel layout's unit of {U} "
+                         f"codes (max(group size {group_size}, 64)); kernels.w4a16 runs such a "
+                         "weight with kernel='gemm'")
+    return K
+
+
 def prepack(packed: torch.Tensor, symmetric: bool = True, group_size: int = 128) -> torch.Tensor:
     """Checkpoint layout (``pack_int4``) -> kernel layout, (N, K/2) uint8 both (lesson 09).
 
-    Codes become offset binary (u = q + 8 when ``symmetric``; asymmetric codes 0..15 stay),
-    and in each group of G = ``group_size`` codes, byte c holds code c (low nibble) and code
-    G/2 + c (high nibble). Done once per weight; ``unprepack`` inverts it.
+    Codes become offset binary (u = q + 8 when ``symmetric``; asymmetric codes 0..15 stay).
+    In each unit of U = ``layout_unit(group_size)`` codes (quarters of Q = U/4), 16-bit
+    element e (bytes 2e, 2e+1) holds codes e, 2Q + e (byte 2e, low and high nibble) and
+    Q + e, 3Q + e (byte 2e + 1). Done once per weight; ``unprepack`` inverts it.
     """
     from course_lib import quant
 
-    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8 or packed.dim() != 2:
-        raise TypeError("packed must be a 2-D uint8 tensor (N, K/2) from course_lib.quant.pack_int4")
-    N, K = packed.shape[0], 2 * packed.shape[1]
-    if group_size < 2 or group_size % 2 or K % group_size:
-        raise ValueError(f"K = {K} must be a multiple of the (even) group size {group_size}")
+    K = _check_layout_input(packed, "packed", "from course_lib.quant.pack_int4", group_size)
+    N, U = packed.shape[0], layout_unit(group_size)
     q = quant.unpack_int4(packed, signed=symmetric).to(torch.int16)    # (N, K)
     u = (q + 8 if symmetric else q).to(torch.uint8)                    # (N, K) 0..15
-    u = u.reshape(N, K // group_size, 2, group_size // 2)              # (N, groups, lo/hi, G/2)
-    return (u[:, :, 0] | (u[:, :, 1] << 4)).reshape(N, K // 2)         # (N, K/2)
+    u = u.reshape(N, K // U, 4, U // 4)                                # (N, units, quarter, Q)
+    even = u[:, :, 0] | (u[:, :, 2] << 4)                              # byte 2e: quarters 0, 2
+    odd = u[:, :, 1] | (u[:, :, 3] << 4)                               # byte 2e+1: 1, 3
+    return torch.stack([even, odd], dim=-1).reshape(N, K // 2)         # (N, K/2)
 
 
 def unprepack(kpacked: torch.Tensor, symmetric: bool = True, group_size: int = 128) -> torch.Tensor:
     """Kernel layout -> checkpoint layout: the inverse of ``prepack`` (lesson 09)."""
     from course_lib import quant
 
-    if not isinstance(kpacked, torch.Tensor) or kpacked.dtype != torch.uint8 or kpacked.dim() != 2:
-        raise TypeError("kpacked must be a 2-D uint8 tensor (N, K/2) made by prepack")
-    N, K = kpacked.shape[0], 2 * kpacked.shape[1]
-    if group_size < 2 or group_size % 2 or K % group_size:
-        raise ValueError(f"K = {K} must be a multiple of the (even) group size {group_size}")
-    b = kpacked.reshape(N, K // group_size, 1, group_size // 2)        # (N, groups, 1, G/2)
-    u = torch.cat([b & 0xF, b >> 4], dim=2).reshape(N, K).to(torch.int16)   # (N, K) 0..15
+    K = _check_layout_input(kpacked, "kpacked", "made by prepack", group_size)
+    N, U = kpacked.shape[0], layout_unit(group_size)
+    b = kpacked.reshape(N, K // U, U // 4, 2)                          # (N, units, Q, even/odd)
+    quarters = [b[..., 0] & 0xF, b[..., 1] & 0xF, b[..., 0] >> 4, b[..., 1] >> 4]
+    u = torch.stack(quarters, dim=2).reshape(N, K).to(torch.int16)     # (N, K) 0..15
     q = (u - 8).to(torch.int8) if symmetric else u.to(torch.uint8)
     return quant.pack_int4(q)                                          # (N, K/2)
 
 
 # ---------------------------------------------------------------------------- NumPy model
-
-def _prmt(a: np.ndarray, b: int, sel: int) -> np.ndarray:
-    """PTX ``prmt.b32 d, a, b, sel`` (default mode): byte i of d = byte sel_i of {b, a}."""
-    src = [(a >> np.uint32(8 * i)) & np.uint32(0xFF) for i in range(4)]     # bytes 0..3: a
-    src += [np.full_like(a, (b >> (8 * i)) & 0xFF) for i in range(4)]     # bytes 4..7: b
-    out = np.zeros_like(a)
-    for i in range(4):
-        out |= src[(sel >> (4 * i)) & 0x7] << np.uint32(8 * i)
-    return out
-
 
 def _lanes(r: np.ndarray, dtype: str) -> np.ndarray:
     """A 32-bit register's two 16-bit lanes as float64 values, (...,) -> (..., 2)."""
@@ -110,70 +130,75 @@ def _fma16(v: np.ndarray, a: float, b: float, dtype: str) -> np.ndarray:
     return out
 
 
-def emulate_asm(regs: np.ndarray, dtype: str = "float16") -> tuple[np.ndarray, np.ndarray]:
-    """The inline assembly of ``dequant_pair`` replayed in NumPy, bit for bit (lesson 09).
+def emulate_asm(regs: np.ndarray, dtype: str = "float16") -> tuple[np.ndarray, ...]:
+    """The inline assembly of ``dequant_quad`` replayed in NumPy, bit for bit (lesson 09).
 
-    regs: uint32 (...,) registers, each four kernel-layout bytes (b0 lowest). Returns (lo,
-    hi) float64 (..., 4): element i is the low / high nibble of byte i minus 8, as the
-    16-bit lanes hold it. ``dtype``: "float16" (x in fp16) or "bfloat16".
+    regs: uint32 (...,) registers, each two kernel-layout 16-bit elements (element 0 in bits
+    0-15). Returns four float64 arrays (..., 2), quarters 0..3: element i of quarter j is
+    the code that quarter j keeps in element i, minus 8, as the 16-bit lanes hold it.
+    ``dtype``: "float16" (x in fp16) or "bfloat16".
     """
     if dtype not in MAGIC16:
         raise ValueError(f"dtype must be 'float16' or 'bfloat16', got {dtype!r}")
     r = np.asarray(regs, dtype=np.uint32)
     magic = np.uint32(MAGIC16[dtype] * 0x10001)                         # both lanes
-    lo, hi = [], []
-    for sel in (0x4140, 0x4342):                                        # bytes (0, 1), (2, 3)
-        t = _prmt(r, 0, sel)                                            # lanes hold a byte each
-        lo.append(_fma16(_lanes((t & np.uint32(0x000F000F)) | magic, dtype), 1.0,
-                         -BIAS16[dtype], dtype))
-        if dtype == "float16":                                          # 1024 + 16u, no shift
-            hi.append(_fma16(_lanes((t & np.uint32(0x00F000F0)) | magic, dtype), 1 / 16,
-                             -72.0, dtype))
-        else:                                                           # bf16: shift first
-            hi.append(_fma16(_lanes(((t >> np.uint32(4)) & np.uint32(0x000F000F)) | magic,
-                                    dtype), 1.0, -BIAS16[dtype], dtype))
-    return np.concatenate(lo, axis=-1), np.concatenate(hi, axis=-1)    # (..., 4) each
+    low = np.uint32(0x000F000F)                                         # nibble 0 of each lane
+
+    def exact(t, mask, a, b):                                           # LOP3 + one FMA
+        return _fma16(_lanes((t & np.uint32(mask)) | magic, dtype), a, b, dtype)
+
+    t8 = r >> np.uint32(8)                                              # nibbles 2, 3 -> 0, 1
+    if dtype == "float16":                                              # 1024 + 16u, no shift
+        q0 = exact(r, low, 1.0, -BIAS16[dtype])
+        q1 = exact(t8, low, 1.0, -BIAS16[dtype])
+        q2 = exact(r, 0x00F000F0, 1 / 16, -72.0)
+        q3 = exact(t8, 0x00F000F0, 1 / 16, -72.0)
+    else:                                                               # bf16: shift first
+        q0 = exact(r, low, 1.0, -BIAS16[dtype])
+        q1 = exact(t8, low, 1.0, -BIAS16[dtype])
+        q2 = exact(r >> np.uint32(4), low, 1.0, -BIAS16[dtype])
+        q3 = exact(r >> np.uint32(12), low, 1.0, -BIAS16[dtype])
+    return q0, q1, q2, q3                                               # (..., 2) each
 
 
 # ---------------------------------------------------------------------------- Triton
 
-# One asm block = four bytes (one 32-bit register, $4) -> four low codes ($0, $1: two lanes
-# each) and four high codes ($2, $3). Element i of the outputs comes from byte i of the
-# input, whatever bytes Triton groups into one call. ptxas keeps the constants in registers
+# One asm block = one 32-bit register ($4): two kernel-layout int16 elements -> four registers
+# ($0..$3, quarters 0..3) of two 16-bit lanes each (element 0 in the low lane). Every read of
+# $4 comes before the first write of an output, so the strings stay right even if the
+# compiler gives an output the input's register. ptxas keeps the constants in registers
 # across the loop (kernels.compile_check finds no MOV of them in the main loop).
 _ASM_F16 = tl.constexpr("""
 {
-.reg .b32 t0, t1, m, k, s, c;
+.reg .b32 t, a, m, k, f, c;
 mov.b32 m, 0x64006400;
 mov.b32 k, 0x64086408;
-mov.b32 s, 0x2C002C00;
+mov.b32 f, 0x2C002C00;
 mov.b32 c, 0xD480D480;
-prmt.b32 t0, $4, 0, 0x4140;
-prmt.b32 t1, $4, 0, 0x4342;
-lop3.b32 $0, t0, 0x000F000F, m, 0xEA;
-lop3.b32 $1, t1, 0x000F000F, m, 0xEA;
-lop3.b32 $2, t0, 0x00F000F0, m, 0xEA;
-lop3.b32 $3, t1, 0x00F000F0, m, 0xEA;
+shr.u32 t, $4, 8;
+lop3.b32 a, $4, 0x00F000F0, m, 0xEA;
+lop3.b32 $0, $4, 0x000F000F, m, 0xEA;
+lop3.b32 $1, t, 0x000F000F, m, 0xEA;
+lop3.b32 $3, t, 0x00F000F0, m, 0xEA;
 sub.f16x2 $0, $0, k;
 sub.f16x2 $1, $1, k;
-fma.rn.f16x2 $2, $2, s, c;
-fma.rn.f16x2 $3, $3, s, c;
+fma.rn.f16x2 $2, a, f, c;
+fma.rn.f16x2 $3, $3, f, c;
 }
 """)
 _ASM_BF16 = tl.constexpr("""
 {
-.reg .b32 t0, t1, u0, u1, m, one, k;
+.reg .b32 t4, t8, t12, m, one, k;
 mov.b32 m, 0x43004300;
 mov.b32 one, 0x3F803F80;
 mov.b32 k, 0xC308C308;
-prmt.b32 t0, $4, 0, 0x4140;
-prmt.b32 t1, $4, 0, 0x4342;
-shr.u32 u0, t0, 4;
-shr.u32 u1, t1, 4;
-lop3.b32 $0, t0, 0x000F000F, m, 0xEA;
-lop3.b32 $1, t1, 0x000F000F, m, 0xEA;
-lop3.b32 $2, u0, 0x000F000F, m, 0xEA;
-lop3.b32 $3, u1, 0x000F000F, m, 0xEA;
+shr.u32 t4, $4, 4;
+shr.u32 t8, $4, 8;
+shr.u32 t12, $4, 12;
+lop3.b32 $0, $4, 0x000F000F, m, 0xEA;
+lop3.b32 $1, t8, 0x000F000F, m, 0xEA;
+lop3.b32 $2, t4, 0x000F000F, m, 0xEA;
+lop3.b32 $3, t12, 0x000F000F, m, 0xEA;
 fma.rn.bf16x2 $0, $0, one, k;
 fma.rn.bf16x2 $1, $1, one, k;
 fma.rn.bf16x2 $2, $2, one, k;
@@ -184,27 +209,33 @@ _CONSTRAINTS = tl.constexpr("=r,=r,=r,=r,r")
 
 
 @triton.jit
-def dequant_pair(p, W_DTYPE: tl.constexpr, USE_ASM: tl.constexpr):
-    """Kernel-layout bytes (R, C) uint8 -> (low, high) codes - 8 as exact W_DTYPE values.
+def _code16(n, W_DTYPE: tl.constexpr):
+    """Codes 0..15 (int32) -> code - 8 as an exact W_DTYPE value, by the magic number."""
+    magic = 0x6400 if W_DTYPE == tl.float16 else 0x4300          # 1024.0 or 128.0
+    bias = 1032.0 if W_DTYPE == tl.float16 else 136.0            # magic + zero point 8
+    v = (n | magic).to(tl.int16).to(W_DTYPE, bitcast=True)       # magic + code
+    return (v - bias).to(W_DTYPE)                                # code - 8, exact
+
+
+@triton.jit
+def dequant_quad(p, W_DTYPE: tl.constexpr, USE_ASM: tl.constexpr):
+    """Kernel-layout int16 elements (R, C) -> the four quarters' codes - 8, (R, C) each,
+    as exact W_DTYPE values (lessons 09 and 10).
 
     ``W_DTYPE`` is tl.float16 or tl.bfloat16; ``USE_ASM`` picks the inline assembly
-    (sm_80+) or the pure-Triton path, which gives the same bits (lessons 09 and 10).
+    (sm_80+) or the pure-Triton path, which gives the same bits.
     """
     if USE_ASM:
         if W_DTYPE == tl.float16:
-            lo, hi = tl.inline_asm_elementwise(_ASM_F16, _CONSTRAINTS, [p],
-                                               dtype=(tl.float16, tl.float16), is_pure=True,
-                                               pack=4)
+            q0, q1, q2, q3 = tl.inline_asm_elementwise(
+                _ASM_F16, _CONSTRAINTS, [p], dtype=(tl.float16,) * 4, is_pure=True, pack=2)
         else:
-            lo, hi = tl.inline_asm_elementwise(_ASM_BF16, _CONSTRAINTS, [p],
-                                               dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
-                                               pack=4)
+            q0, q1, q2, q3 = tl.inline_asm_elementwise(
+                _ASM_BF16, _CONSTRAINTS, [p], dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
     else:
-        q = p.to(tl.int16)                                   # 0..255, zero-extended
-        magic = 0x6400 if W_DTYPE == tl.float16 else 0x4300      # 1024.0 or 128.0
-        bias = 1032.0 if W_DTYPE == tl.float16 else 136.0        # magic + zero point 8
-        lo = ((q & 0xF) | magic).to(tl.int16).to(W_DTYPE, bitcast=True)   # magic + code
-        hi = (((q >> 4) & 0xF) | magic).to(tl.int16).to(W_DTYPE, bitcast=True)
-        lo = (lo - bias).to(W_DTYPE)                         # low code - 8, exact
-        hi = (hi - bias).to(W_DTYPE)
-    return lo, hi
+        u = p.to(tl.int32) & 0xFFFF                          # the element's 16 bits
+        q0 = _code16(u & 0xF, W_DTYPE)                       # nibble 0: quarter 0
+        q2 = _code16((u >> 4) & 0xF, W_DTYPE)                # nibble 1: quarter 2
+        q1 = _code16((u >> 8) & 0xF, W_DTYPE)                # nibble 2: quarter 1
+        q3 = _code16((u >> 12) & 0xF, W_DTYPE)               # nibble 3: quarter 3
+    return q0, q1, q2, q3

@@ -24,12 +24,11 @@ format, which is what the PTX ISA specifies for ``.rn`` (and the default roundin
 and mul). Anything else (another opcode, a modifier, a non-finite lane) raises: the
 interpreter never guesses.
 
-Register routing. ``tl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r", [p], dtype=(f16, f16),
-pack=4)`` names the four output registers ``$0..$3`` and the input ``$4``. With ``pack=4``,
-one call sees four consecutive uint8 elements in ``$4`` (element i in byte i), and each
-16-bit output takes two registers of two lanes: the first output is ``$0`` (elements 0, 1 in
-the low, high lane) and ``$1`` (elements 2, 3), the second is ``$2`` and ``$3``.
-``run_pack4`` applies that routing, so a test compares the strings' results element by
+Register routing. ``tl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r", [p], dtype=(f16,) * 4,
+pack=2)`` names the four output registers ``$0..$3`` and the input ``$4``. With ``pack=2``,
+one call sees two consecutive int16 elements in ``$4`` (element 0 in bits 0-15), and each of
+the four 16-bit outputs takes one register of two lanes (element 0 in the low lane).
+``run_pack2`` applies that routing, so a test compares the strings' results element by
 element with the plain dequantization formula.
 """
 from __future__ import annotations
@@ -202,24 +201,25 @@ def run(asm: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v.astype(np.uint32) for k, v in regs.items()}
 
 
-def run_pack4(asm: str, data: np.ndarray, n_outputs: int = 2) -> list[np.ndarray]:
-    """Run ``asm`` as ``tl.inline_asm_elementwise(..., pack=4)`` would on uint8 ``data``.
+def run_pack2(asm: str, data: np.ndarray, n_outputs: int = 4) -> list[np.ndarray]:
+    """Run ``asm`` as ``tl.inline_asm_elementwise(..., pack=2)`` would on 16-bit ``data``.
 
-    data: uint8 (n,) with n a multiple of 4. The input register is ``$(2 * n_outputs)``
-    (after the outputs' registers); each output takes two registers of two 16-bit lanes.
-    Returns ``n_outputs`` uint16 arrays (n,): the lanes' bit patterns, element i from byte i.
+    data: uint16 (or int16) (n,) with n even. The input register is ``$n_outputs`` (after
+    the outputs' registers); each output takes one register of two 16-bit lanes. Returns
+    ``n_outputs`` uint16 arrays (n,): the lanes' bit patterns, element i from element i.
     """
-    data = np.asarray(data, dtype=np.uint8)
-    if data.ndim != 1 or data.size % 4:
-        raise ValueError("data must be 1-D uint8 with a multiple of 4 elements (pack=4)")
-    words = data.view(np.uint32)                             # byte i of a word = element i
-    regs = run(asm, {f"${2 * n_outputs}": words})
+    data = np.asarray(data)
+    if data.dtype not in (np.uint16, np.int16) or data.ndim != 1 or data.size % 2:
+        raise ValueError("data must be 1-D 16-bit integers with an even number of elements "
+                         "(pack=2)")
+    words = data.view(np.uint16).view(np.uint32)             # element 0 in bits 0-15
+    regs = run(asm, {f"${n_outputs}": words})
     outs = []
     for k in range(n_outputs):
-        r0, r1 = regs[f"${2 * k}"], regs[f"${2 * k + 1}"]    # elements (0, 1) and (2, 3)
-        lanes = np.stack([r0 & 0xFFFF, r0 >> 16, r1 & 0xFFFF, r1 >> 16], axis=-1)
+        r = regs[f"${k}"]
+        lanes = np.stack([r & 0xFFFF, r >> 16], axis=-1)     # elements 0, 1 of each call
         outs.append(lanes.astype(np.uint16).reshape(-1))
     return outs
 
 
-__all__ = ["parse", "run", "run_pack4"]
+__all__ = ["parse", "run", "run_pack2"]

@@ -54,23 +54,25 @@ GEMV relayouts x with 8-10 torch ops every call and has no software pipelining, 
 dequantizes in fp32. The default at every batch is ``w4a16_dot_kernel`` (lesson 10):
 
 * **one launch per call**: x is read as it is, y written once in x's dtype; the weight is
-  permuted once, when it is made (``dequant16.prepack``: byte c of a group holds codes c
-  and G/2 + c, so the group's low nibbles meet x[:, :G/2] and its high nibbles x[:, G/2:]);
+  permuted once, when it is made (``dequant16.prepack``: in each unit of U = max(G, 64)
+  codes, 16-bit element e holds code e of each of the unit's four quarters, so a unit's
+  elements give four tiles that meet four plain loads of x, x[:, jU/4 : (j+1)U/4]);
 * **tensor cores and a pipelined weight stream at batch 1..16**: ``tl.dot`` on a 16-row
-  tile (rows past M masked), 3 stages of cp.async loads in flight;
-* **16-bit dequantization** (``dequant16.dequant_pair``): PRMT + LOP3 + one packed FMA per
-  two weights, inline PTX on sm_80+; the group scale multiplies the dot's result, once per
-  group and output, not every weight;
+  tile (rows past M masked); 3 stages: two loop trips of cp.async loads in flight;
+* **16-bit dequantization** (``dequant16.dequant_quad``): from int16 loads, one LOP3 and
+  one packed FMA per two weights (and a shift per four), inline PTX on sm_80+; the group
+  scale multiplies the dot's result, once per group and output, not every weight;
 * **split-K** when the output tiles alone leave SMs idle (``dot_plan``): the slices meet in
   a self-resetting fp32 workspace (``_common.store_or_reduce``), CUDA-graph safe.
 
 Pseudo-code of the dot kernel (one program = BLOCK_M tokens x BLOCK_N outputs x one K slice)::
 
     acc[BLOCK_M, BLOCK_N] = 0
-    for each group g of this slice:
-        lo, hi = dequant_pair(load bytes[n-block, group g])   # (BLOCK_N, G/2) each: q, exact
-        part = dot(x[m-block, gG : gG + G/2], lo.T) + dot(x[m-block, gG + G/2 : (g+1)G], hi.T)
-        acc += part * scale[n-block, g]                       # (z - 8) * sum(x) off first if asymmetric
+    for each unit u of this slice (U = max(G, 64) codes, quarters of Q = U/4):
+        q0, q1, q2, q3 = dequant_quad(load int16[n-block, u])   # (BLOCK_N, Q) each: q, exact
+        part = sum over j of dot(x[m-block, uU + jQ : uU + (j+1)Q], qj.T)   # one group's
+        acc += part * scale[n-block, g]           # (z - 8) * sum(x) off first if asymmetric
+        (G = 32: a unit is two groups; quarters 0-1 make one part, 2-3 the other)
     y[m-block, n-block] = acc  (or: add into the workspace; the last slice writes y)
 """
 from __future__ import annotations
@@ -247,21 +249,63 @@ def w4a16_gemm_kernel(
 
 
 @triton.jit
+def _quarter_dot(x_ptrs, x_mask, q, j: tl.constexpr, Q: tl.constexpr, part,
+                 FIRST: tl.constexpr, W_DTYPE: tl.constexpr, DOT_FP32: tl.constexpr):
+    """part (+)= x[:, quarter j] @ q.T: one tensor-core product of a unit's quarter j.
+
+    x_ptrs (BLOCK_M, Q) point at the unit's first quarter of x; q (BLOCK_N, Q) holds the
+    quarter's codes - 8 (``dequant16.dequant_quad``). FIRST starts a fresh product.
+    Returns (part, the quarter's x) so that a zero point can sum x.
+    """
+    xj = tl.load(x_ptrs + j * Q, mask=x_mask, other=0.0)        # (BLOCK_M, Q), contiguous
+    if DOT_FP32:
+        a, w = xj.to(tl.float32), tl.trans(q.to(tl.float32))
+        if FIRST:
+            part = tl.dot(a, w, input_precision="ieee")      # fresh product: a new group
+        else:
+            part = tl.dot(a, w, part, input_precision="ieee")
+    else:
+        if FIRST:
+            part = tl.dot(xj.to(W_DTYPE), tl.trans(q))       # fresh product: a new group
+        else:
+            part = tl.dot(xj.to(W_DTYPE), tl.trans(q), part)
+    return part, xj
+
+
+@triton.jit
+def _group_epilogue(acc, part, xa, xb, s_ptr, z_ptr, offs_n, stride_sn, g, live_n,
+                    HAS_ZERO: tl.constexpr):
+    """acc += part * scale of group g, once per group and output (zero point first).
+
+    xa, xb: the group's x (two or four quarters summed in pairs by the caller), for
+    sum x * (u - z) = sum x * (u - 8) - (z - 8) * sum x.
+    """
+    s = tl.load(s_ptr + offs_n * stride_sn + g, mask=live_n, other=0.0).to(tl.float32)
+    if HAS_ZERO:
+        z = tl.load(z_ptr + offs_n * stride_sn + g, mask=live_n, other=8)   # (BLOCK_N,)
+        # 0..15 to float without an int-to-float conversion: the 2**23 bit trick
+        z = (z | MAGIC).to(tl.float32, bitcast=True) - (TWO_23 + 8.0)
+        x_sum = tl.sum(xa, axis=1) + tl.sum(xb, axis=1)                  # (BLOCK_M,)
+        part -= x_sum[:, None] * z[None, :]
+    return acc + part * s[None, :]                   # the group scale, once per group
+
+
+@triton.jit
 def w4a16_dot_kernel(
     x_ptr,        # activations, (M, K) contiguous, in their own dtype (no relayout)
-    p_ptr,        # packed int4 weights in the kernel layout (dequant16.prepack), (N, K // 2) uint8
+    p_ptr,        # int4 codes in the kernel layout (dequant16.prepack) seen as int16, (N, K // 4)
     s_ptr,        # scales, (N, K // GROUP), any float dtype
     z_ptr,        # zero points, (N, K // GROUP) int32 (ignored unless HAS_ZERO)
     y_ptr,        # output, (M, N), x's dtype: written once, by one program per tile
     ws_ptr,       # split-K workspace, (M, N) fp32, all zero between calls (SPLIT_K > 1)
     cnt_ptr,      # split-K arrival counters, one int32 per output tile, zero between calls
-    M, N, K,      # problem size
+    M, N, K,      # problem size (K a multiple of the unit, max(GROUP, 64))
     stride_xm,    # elements between rows of x
-    stride_pn,    # bytes between rows of packed
+    stride_pn,    # int16 elements between rows of packed
     stride_sn,    # elements between rows of scale (and of zero)
     stride_ym,    # elements between rows of y (and of the workspace)
     GROUP: tl.constexpr,     # weights per scale along K (32, 64 or 128)
-    GROUPS_PER_STEP: tl.constexpr,   # groups one loop trip reads (bytes in flight per stage)
+    UNITS_PER_STEP: tl.constexpr,   # layout units one loop trip reads (bytes per stage)
     BLOCK_M: tl.constexpr,   # rows of x per program (16: the smallest tensor-core tile)
     BLOCK_N: tl.constexpr,   # rows of W per program
     SPLIT_K: tl.constexpr,   # programs sharing one output tile along K
@@ -273,53 +317,55 @@ def w4a16_dot_kernel(
     pid_n = tl.program_id(0)          # which block of outputs
     pid_m = tl.program_id(1)          # which block of tokens
     pid_k = tl.program_id(2)          # which slice of K
-    HALF: tl.constexpr = GROUP // 2                          # bytes per group and row
+    UNIT: tl.constexpr = GROUP if GROUP >= 64 else 64       # codes per unit (one group or two)
+    Q: tl.constexpr = UNIT // 4                              # codes per quarter = int16 per unit
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)        # (BLOCK_M,)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)        # (BLOCK_N,)
-    offs_c = tl.arange(0, HALF)                              # (HALF,) byte in a group
-    # byte c of a group holds code c (low nibble) and HALF + c (high): dequant16.prepack
+    offs_e = tl.arange(0, Q)                                 # (Q,) element in a unit
+    # element e of a unit holds code e of each of its four quarters: dequant16.prepack
     m_mask = offs_m < M
     n_mask = offs_n < N
-    n_groups = K // GROUP
-    g_per_split = tl.cdiv(tl.cdiv(n_groups, SPLIT_K), GROUPS_PER_STEP) * GROUPS_PER_STEP
-    g_begin = pid_k * g_per_split
-    g_end = tl.minimum(g_begin + g_per_split, n_groups)
+    n_units = K // UNIT
+    u_per_split = tl.cdiv(tl.cdiv(n_units, SPLIT_K), UNITS_PER_STEP) * UNITS_PER_STEP
+    u_begin = pid_k * u_per_split
+    u_end = tl.minimum(u_begin + u_per_split, n_units)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)   # (BLOCK_M, BLOCK_N)
-    for g0 in range(g_begin, g_end, GROUPS_PER_STEP):
-        for i in tl.static_range(GROUPS_PER_STEP):
-            g = g0 + i
-            if GROUPS_PER_STEP == 1:                         # the loop bound keeps g < g_end
-                live = offs_c < HALF                         # (HALF,) all true: folded away
+    for u0 in range(u_begin, u_end, UNITS_PER_STEP):
+        for i in tl.static_range(UNITS_PER_STEP):
+            u = u0 + i
+            if UNITS_PER_STEP == 1:                          # the loop bound keeps u < u_end
+                live = offs_e < Q                            # (Q,) all true: folded away
                 live_n = n_mask
             else:                                            # the last step may be short
-                live = (g + offs_c * 0) < g_end              # (HALF,)
-                live_n = n_mask & ((g + offs_n * 0) < g_end)     # (BLOCK_N,)
-            p = tl.load(p_ptr + offs_n[:, None] * stride_pn + g * HALF + offs_c[None, :],
+                live = (u + offs_e * 0) < u_end              # (Q,)
+                live_n = n_mask & ((u + offs_n * 0) < u_end)     # (BLOCK_N,)
+            p = tl.load(p_ptr + offs_n[:, None] * stride_pn + u * Q + offs_e[None, :],
                         mask=n_mask[:, None] & live[None, :], other=0,
-                        eviction_policy="evict_first")       # (BLOCK_N, HALF) uint8
-            lo, hi = dequant16.dequant_pair(p, W_DTYPE, USE_ASM)   # (BLOCK_N, HALF) u - 8
-            x_ptrs = x_ptr + offs_m[:, None] * stride_xm + g * GROUP + offs_c[None, :]
-            x_mask = m_mask[:, None] & live[None, :]
-            x_lo = tl.load(x_ptrs, mask=x_mask, other=0.0)           # (BLOCK_M, HALF)
-            x_hi = tl.load(x_ptrs + HALF, mask=x_mask, other=0.0)    # (BLOCK_M, HALF)
-            if DOT_FP32:
-                part = tl.dot(x_lo.to(tl.float32), tl.trans(lo.to(tl.float32)),  # fresh product
-                              input_precision="ieee")
-                part = tl.dot(x_hi.to(tl.float32), tl.trans(hi.to(tl.float32)), part,
-                              input_precision="ieee")
-            else:
-                part = tl.dot(x_lo.to(W_DTYPE), tl.trans(lo))  # fresh product: one group
-                part = tl.dot(x_hi.to(W_DTYPE), tl.trans(hi), part)
-            s = tl.load(s_ptr + offs_n * stride_sn + g, mask=live_n,
-                        other=0.0).to(tl.float32)            # (BLOCK_N,)
-            if HAS_ZERO:
-                # sum x * (u - z) = sum x * (u - 8) - (z - 8) * sum x: once per group
-                z = tl.load(z_ptr + offs_n * stride_sn + g, mask=live_n, other=8)   # (BLOCK_N,)
-                # 0..15 to float without an int-to-float conversion: the 2**23 bit trick
-                z = (z | MAGIC).to(tl.float32, bitcast=True) - (TWO_23 + 8.0)
-                x_sum = tl.sum(x_lo.to(tl.float32), axis=1) + tl.sum(x_hi.to(tl.float32), axis=1)
-                part -= x_sum[:, None] * z[None, :]
-            acc += part * s[None, :]                         # the group scale, once per group
+                        eviction_policy="evict_first")       # (BLOCK_N, Q) int16
+            q0, q1, q2, q3 = dequant16.dequant_quad(p, W_DTYPE, USE_ASM)   # (BLOCK_N, Q) each
+            x_ptrs = x_ptr + offs_m[:, None] * stride_xm + u * UNIT + offs_e[None, :]
+            x_mask = m_mask[:, None] & live[None, :]         # (BLOCK_M, Q)
+            if GROUP >= 64:                                  # one group: four products
+                part, x0 = _quarter_dot(x_ptrs, x_mask, q0, 0, Q, acc, True, W_DTYPE, DOT_FP32)
+                part, x1 = _quarter_dot(x_ptrs, x_mask, q1, 1, Q, part, False, W_DTYPE, DOT_FP32)
+                part, x2 = _quarter_dot(x_ptrs, x_mask, q2, 2, Q, part, False, W_DTYPE, DOT_FP32)
+                part, x3 = _quarter_dot(x_ptrs, x_mask, q3, 3, Q, part, False, W_DTYPE, DOT_FP32)
+                if HAS_ZERO:
+                    xa = x0.to(tl.float32) + x1.to(tl.float32)
+                    xb = x2.to(tl.float32) + x3.to(tl.float32)
+                else:
+                    xa, xb = x0, x1                          # unused
+                acc = _group_epilogue(acc, part, xa, xb, s_ptr, z_ptr, offs_n, stride_sn,
+                                      u, live_n, HAS_ZERO)
+            else:                                            # two groups of 32: two each
+                pa, x0 = _quarter_dot(x_ptrs, x_mask, q0, 0, Q, acc, True, W_DTYPE, DOT_FP32)
+                pa, x1 = _quarter_dot(x_ptrs, x_mask, q1, 1, Q, pa, False, W_DTYPE, DOT_FP32)
+                pb, x2 = _quarter_dot(x_ptrs, x_mask, q2, 2, Q, acc, True, W_DTYPE, DOT_FP32)
+                pb, x3 = _quarter_dot(x_ptrs, x_mask, q3, 3, Q, pb, False, W_DTYPE, DOT_FP32)
+                acc = _group_epilogue(acc, pa, x0.to(tl.float32), x1.to(tl.float32), s_ptr,
+                                      z_ptr, offs_n, stride_sn, 2 * u, live_n, HAS_ZERO)
+                acc = _group_epilogue(acc, pb, x2.to(tl.float32), x3.to(tl.float32), s_ptr,
+                                      z_ptr, offs_n, stride_sn, 2 * u + 1, live_n, HAS_ZERO)
     store_or_reduce(acc, y_ptr, ws_ptr, cnt_ptr, offs_m, offs_n, M, N, stride_ym, SPLIT_K)
 
 
@@ -333,22 +379,23 @@ _GEMM_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_
                                       (64, 128, 4, 4), (128, 128, 8, 3), (128, 256, 8, 3)]]
 _GEMV_DEFAULT = triton.Config({"BLOCK_K": 256}, num_warps=4, num_stages=3)
 # the tensor-core kernel at decode sizes (the default plan on a GPU is dot_plan's)
-# (BLOCK_N 256, one group a step, 4 warps, 3 stages: the fewest SASS instructions per
-# weight byte of those compile_check tried on sm_90: 5.6 bf16, 5.1 fp16; 64 x 2 groups: 8.5)
-_DOT_CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": bn, "GROUPS_PER_STEP": gps},
+# (BLOCK_N 256, one unit a step, 4 warps, 3 stages: two trips of weights loading ahead; the
+# fewest SASS instructions per weight byte of those compile_check tried on sm_90, 4.4 bf16;
+# 4 stages gave the same count, 512 x 8 warps 4.4 with twice the shared memory)
+_DOT_CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": bn, "UNITS_PER_STEP": ups},
                               num_warps=w, num_stages=st)
-                for bn, gps, w, st in [(256, 1, 4, 3), (128, 1, 4, 4), (128, 1, 2, 4),
+                for bn, ups, w, st in [(256, 1, 4, 3), (128, 1, 4, 4), (128, 1, 2, 4),
                                        (64, 2, 4, 4), (32, 2, 4, 4)]]
 _DOT_DEFAULT = _DOT_CONFIGS[0]
 # fp32 activations at decode: BLOCK_N 256 needs 112 KB of shared memory (sm_86, compiled),
 # past the 99 KB of sm_86/89/120; 128 rows halve the weight and conversion buffers
-_DOT_FP32_DECODE = triton.Config({"BLOCK_M": 16, "BLOCK_N": 128, "GROUPS_PER_STEP": 1},
+_DOT_FP32_DECODE = triton.Config({"BLOCK_M": 16, "BLOCK_N": 128, "UNITS_PER_STEP": 1},
                                  num_warps=4, num_stages=3)
 
 
 def _dot_step_bytes(c) -> int:
-    """Weight bytes one trip of w4a16_dot_kernel's loop reads (all its groups)."""
-    return c["BLOCK_N"] * c["GROUP"] // 2 * c["GROUPS_PER_STEP"]
+    """Weight bytes one trip of w4a16_dot_kernel's loop reads (all its units)."""
+    return c["BLOCK_N"] * dequant16.layout_unit(c["GROUP"]) // 2 * c["UNITS_PER_STEP"]
 _GEMM_DEFAULT = triton.Config({"BLOCK_M": 16, "BLOCK_N": 64}, num_warps=4, num_stages=4)
 # Split-K programs add into y: autotuning must leave it zero for the real call
 # (reset before each trial, restored after: safe across Triton versions).
@@ -485,7 +532,8 @@ def dot_plan(M: int, N: int, K: int, group: int, sms: int | None = None,
     """Launch plan of ``w4a16_dot_kernel`` on a GPU: block sizes, K split, warps, stages.
 
     Decode (M <= 16) streams the weights once: each program keeps ``num_stages - 1`` steps
-    of ``BLOCK_N x GROUPS_PER_STEP x GROUP / 2`` bytes in flight (cp.async), and the grid
+    of ``BLOCK_N x UNITS_PER_STEP x U / 2`` bytes in flight (cp.async; U = max(G, 64)
+    codes, ``dequant16.layout_unit``), and the grid
     needs about two programs per SM so that every SM holds enough bytes in flight (Little's
     law: bandwidth x latency, about 36 KB per SM on an H200). When the output tiles alone
     are too few, K is split (the slices meet in a self-resetting fp32 workspace). Larger
@@ -497,11 +545,12 @@ def dot_plan(M: int, N: int, K: int, group: int, sms: int | None = None,
     """
     sms = sms or num_sms()
     if M > 16:
-        return dict(BLOCK_M=64 if M >= 64 else 32, BLOCK_N=64, GROUPS_PER_STEP=max(1, 128 // group),
+        unit = dequant16.layout_unit(group)
+        return dict(BLOCK_M=64 if M >= 64 else 32, BLOCK_N=64, UNITS_PER_STEP=max(1, 128 // unit),
                     SPLIT_K=1, num_warps=4, num_stages=3)
     c = _DOT_FP32_DECODE if fp32 else _DOT_DEFAULT
     plan = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
-    steps = (K // group) // plan["GROUPS_PER_STEP"]  # loop trips without a split
+    steps = (K // dequant16.layout_unit(group)) // plan["UNITS_PER_STEP"]  # trips, no split
     return {**plan, "SPLIT_K": split_k_for(triton.cdiv(N, plan["BLOCK_N"]), steps, sms,
                                            plan["num_stages"] - 1)}
 
@@ -514,14 +563,14 @@ def _which_kernel(kernel, force_gemm, config) -> str:
     if force_gemm:
         return "gemm"
     if config is not None:                           # a config of one of the three lists
-        if "GROUPS_PER_STEP" in config.kwargs:
+        if "UNITS_PER_STEP" in config.kwargs:
             return "dot"
         return "gemv" if "BLOCK_K" in config.kwargs else "gemm"
     return "dot"
 
 
 def use_asm(x_dtype: torch.dtype) -> bool:
-    """True where ``dequant16.dequant_pair`` runs its inline PTX: a GPU of compute
+    """True where ``dequant16.dequant_quad`` runs its inline PTX: a GPU of compute
     capability 8.0+ (bf16x2 and PRMT/LOP3 there) and 16-bit activations."""
     if not on_gpu() or x_dtype == torch.float32:
         return False
@@ -555,6 +604,12 @@ def w4a16_linear(x: torch.Tensor, wt: W4A16Weight, *, block_n: int | None = None
         return torch.empty(out_shape, dtype=x.dtype, device=x.device)
     has_zero = wt.zero is not None
     which = _which_kernel(kernel, force_gemm, config)
+    if which == "dot" and K % dequant16.layout_unit(G):
+        if kernel == "dot" or config is not None:
+            raise ValueError(f"kernel='dot' reads K in units of {dequant16.layout_unit(G)} "
+                             f"codes (max(group size {G}, 64)); K = {K} is not a multiple: "
+                             "use kernel='gemm' (the default does so for this weight)")
+        which = "gemm"                           # group 32 with K = 32 mod 64: no whole unit
     if which == "dot":
         return _dot(x2, wt, scale, zero, block_n, split_k, block_k, config, asm).reshape(out_shape)
     if which == "gemv" and M <= GEMV_MAX_M:
@@ -593,11 +648,11 @@ def _dot(x2, wt, scale, zero, block_n, split_k, block_k, config, asm) -> torch.T
     """One launch of ``w4a16_dot_kernel``: y (M, N) in x's dtype, nothing else computed."""
     M, K = x2.shape
     N, G = wt.N, wt.group_size
-    packed = wt.kernel_layout()                                         # (N, K/2), made once
+    packed = wt.kernel_layout().view(torch.int16)                       # (N, K/4), made once
     if on_gpu():
         plan = dot_plan(M, N, K, G, fp32=x2.dtype == torch.float32)
     else:                                     # the interpreter: small tiles, speed is moot
-        plan = dict(BLOCK_M=16, BLOCK_N=16 if N <= 16 else 32, GROUPS_PER_STEP=1, SPLIT_K=1)
+        plan = dict(BLOCK_M=16, BLOCK_N=16 if N <= 16 else 32, UNITS_PER_STEP=1, SPLIT_K=1)
     if config is not None:
         plan.update(config.kwargs)
         if on_gpu():
@@ -610,9 +665,11 @@ def _dot(x2, wt, scale, zero, block_n, split_k, block_k, config, asm) -> torch.T
     if split_k:
         plan["SPLIT_K"] = split_k
     if block_k:
-        if block_k % G:
-            raise ValueError(f"block_k={block_k} must be a multiple of the group size {G}")
-        plan["GROUPS_PER_STEP"] = block_k // G
+        unit = dequant16.layout_unit(G)
+        if block_k % unit:
+            raise ValueError(f"block_k={block_k} must be a multiple of the kernel layout's "
+                             f"unit of {unit} codes (max(group size {G}, 64))")
+        plan["UNITS_PER_STEP"] = block_k // unit
     if asm and not use_asm(x2.dtype):
         raise ValueError("asm=True needs a GPU of compute capability 8.0+ and fp16/bf16 x; "
                          "the interpreter cannot run inline assembly")
@@ -656,7 +713,7 @@ def compile_jobs(arch: int, all_configs: bool = False):
                                     dict(sig, y_ptr="*fp32"), consts, _GEMV_CONFIGS,
                                     _GEMV_DEFAULT, all_configs, rows=1,
                                     weight_bytes_per_step=wbytes)
-                dot_sig = dict(x_ptr=act, p_ptr="*u8", s_ptr="*fp16",
+                dot_sig = dict(x_ptr=act, p_ptr="*i16", s_ptr="*fp16",
                                z_ptr="*i32" if has_zero else "*fp16", y_ptr=act, ws_ptr="*fp32",
                                cnt_ptr="*i32", M="i32", N="i32", K="i32", stride_xm="i32",
                                stride_pn="i32", stride_sn="i32", stride_ym="i32")
@@ -687,9 +744,9 @@ def compile_jobs(arch: int, all_configs: bool = False):
                         dict(GROUP=group, HAS_ZERO=has_zero, SPLIT_K=1, W_DTYPE=w_dtype,
                              USE_ASM=arch >= 80 and act != "*fp32", DOT_FP32=act == "*fp32",
                              BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"],
-                             GROUPS_PER_STEP=p["GROUPS_PER_STEP"]),
+                             UNITS_PER_STEP=p["UNITS_PER_STEP"]),
                         p["num_warps"], p["num_stages"], rows=p["BLOCK_M"], default=True,
-                        weight_bytes_per_step=p["BLOCK_N"] * group // 2 * p["GROUPS_PER_STEP"]))
+                        weight_bytes_per_step=_dot_step_bytes({**p, "GROUP": group})))
                 gemm_sig = {k: v for k, v in sig.items() if k != "magic"}
                 jobs += config_jobs("w4a16_gemm", w4a16_gemm_kernel, dict(gemm_sig, x_ptr=act, p_ptr="*u8"),
                                     dict(GROUP=group, HAS_ZERO=has_zero, DOT_FP32=act == "*fp32"),

@@ -60,10 +60,12 @@ def test_report_counts_instructions_per_weight_byte(tmp_path):
 
 
 def test_decode_kernels_meet_the_instruction_and_latency_budgets(tmp_path):
-    """Issue 18's CPU checks of the rebuilt weight-only kernels (default decode configs,
-    one 16-row tile serves M = 1 and M = 16): W4A16 <= 5.5 SASS instructions per weight
-    byte in the main loop (symmetric codes, the course's default), W8A16 <= 4.5; cp.async
-    in the loop; no int-to-float conversion in the W4 loop; no spills; and the launch plans
+    """The CPU checks of the rebuilt weight-only kernels (default decode configs, one 16-row
+    tile serves M = 1 and M = 16): W4A16 <= 4.5 SASS instructions per weight byte in the
+    main loop on sm_90 (symmetric codes, the course's default; 4.42 with Triton 3.9, 5.37
+    with the byte layout before it), <= 4.6 on sm_80 (4.54), W8A16 <= 4.5; every loop fits
+    the per-pipe budget; registers with a margin under 255 (zero points too); cp.async in
+    the loop; no int-to-float conversion in the W4 loop; no spills; and the launch plans
     keep >= 32 KB of weights in flight per SM at both benchmark shapes (132 SMs)."""
     path = tmp_path / "report.json"
     proc, out = _run("--arch", "80", "90", "--report", "--only", "w4a16_dot", "w8a16_dot",
@@ -85,12 +87,18 @@ def test_decode_kernels_meet_the_instruction_and_latency_budgets(tmp_path):
         assert pipes["per_weight_byte"]["total"] == r["sass_instructions_per_weight_byte"]
         if r["name"].startswith("w4a16"):
             assert r["sass_int_to_float_in_loop"] == 0, (r["arch"], r["name"])
-            # the dequantization is integer work: on sm_90 the integer pipe (64 lanes a
-            # clock, half the issue rate) is the limit, not the issue itself
-            assert pipes["bottleneck"] == "int" and pipes["pipe_weighted"] > pipes["per_weight_byte"]["total"]
-            if not r["constexprs"]["HAS_ZERO"]:
-                assert r["sass_instructions_per_weight_byte"] <= 5.5, r
-                assert pipes["pipe_weighted"] <= pipes["budget"], r
+            # the dequantization is integer work: the integer pipe (64 lanes a clock, half
+            # the issue rate) is about level with the issue itself (lesson 10 asserts it)
+            assert pipes["pipe_weighted"] <= pipes["budget"], r
+            assert r["regs"] <= 240, (r["arch"], r["name"], r["regs"])     # 255 is the limit
+            zp = r["constexprs"]["HAS_ZERO"]
+            # no byte repacking before the dot (the byte layout had 66-74 PRMT a trip)
+            assert r["sass_loop_opcodes"].get("PRMT", 0) <= (16 if zp else 4), r["sass_loop_opcodes"]
+            if not zp:
+                per = pipes["per_weight_byte"]
+                assert 0.9 <= 2 * per["int"] / per["total"] <= 1.1, (r["arch"], r["name"], per)
+                limit = {90: 4.5, 80: 4.6}[r["arch"]]
+                assert r["sass_instructions_per_weight_byte"] <= limit, r
         else:
             assert r["sass_instructions_per_weight_byte"] <= 4.5, r
             assert pipes["pipe_weighted"] <= pipes["budget"], r

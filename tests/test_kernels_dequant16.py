@@ -22,22 +22,34 @@ def _every_code_everywhere(G: int, symmetric: bool) -> torch.Tensor:
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_prepack_round_trips_and_documents_its_layout(G, symmetric):
     q = _every_code_everywhere(G, symmetric)                                 # (16, 2G)
+    if 2 * G % dequant16.layout_unit(G):
+        q = torch.cat([q, q], dim=1)                                         # whole units
     packed = quant.pack_int4(q)
     kp = dequant16.prepack(packed, symmetric, G)
     assert kp.shape == packed.shape and kp.dtype == torch.uint8
     assert torch.equal(dequant16.unprepack(kp, symmetric, G), packed)
-    # the layout: byte c of a group = code c (low nibble) | code G/2 + c (high), offset binary
+    # the layout: in unit 1 (U = max(G, 64) codes, quarters of Q), int16 element e holds
+    # codes e, 2Q + e (byte 2e: low, high nibble), Q + e, 3Q + e (byte 2e + 1)
+    U = dequant16.layout_unit(G)
+    Q = U // 4
     u = q.to(torch.int16) + (8 if symmetric else 0)                          # (16, 2G) 0..15
-    c = 5
-    assert torch.equal(kp[:, c].to(torch.int16), u[:, c] | (u[:, G // 2 + c] << 4))
-    assert torch.equal(kp[:, G // 2 + c].to(torch.int16), u[:, G + c] | (u[:, G + G // 2 + c] << 4))
+    if u.shape[1] < 2 * U:
+        u, kp = torch.cat([u, u], dim=1), torch.cat([kp, kp], dim=1)
+    e = 5
+    b0, b1 = kp[:, U // 2 + 2 * e].to(torch.int16), kp[:, U // 2 + 2 * e + 1].to(torch.int16)
+    assert torch.equal(b0, u[:, U + e] | (u[:, U + 2 * Q + e] << 4))
+    assert torch.equal(b1, u[:, U + Q + e] | (u[:, U + 3 * Q + e] << 4))
 
 
 def test_prepack_refuses_bad_input():
     with pytest.raises(TypeError, match="uint8"):
         dequant16.prepack(torch.zeros(2, 8, dtype=torch.int8))
-    with pytest.raises(ValueError, match="multiple of the .even. group size 64"):
+    with pytest.raises(ValueError, match="multiple of the kernel layout's unit of 64"):
         dequant16.prepack(torch.zeros(2, 48, dtype=torch.uint8), True, 64)
+    with pytest.raises(ValueError, match="unit of 64 codes .max.group size 32, 64.*gemm"):
+        dequant16.prepack(torch.zeros(2, 16, dtype=torch.uint8), True, 32)      # K = 32
+    with pytest.raises(ValueError, match="must be even"):
+        dequant16.prepack(torch.zeros(2, 64, dtype=torch.uint8), True, 33)
     with pytest.raises(ValueError, match="'float16' or 'bfloat16'"):
         dequant16.emulate_asm(np.zeros(4, np.uint32), "float32")
 
@@ -45,58 +57,69 @@ def test_prepack_refuses_bad_input():
 def _dequant_by_emulation(kp: torch.Tensor, G: int, dtype: str) -> np.ndarray:
     """Kernel-layout bytes (N, K/2) -> codes - 8 in k order, through ``emulate_asm``."""
     N, half = kp.shape
+    U = dequant16.layout_unit(G)
     regs = kp.numpy().view(np.uint32)                                        # (N, K/8)
-    lo, hi = dequant16.emulate_asm(regs, dtype)                              # (N, K/8, 4)
-    lo = lo.reshape(N, half // (G // 2), G // 2)                             # (N, groups, G/2)
-    hi = hi.reshape(N, half // (G // 2), G // 2)
-    return np.concatenate([lo, hi], axis=2).reshape(N, 2 * half)             # (N, K)
+    quarters = dequant16.emulate_asm(regs, dtype)                            # 4 x (N, K/8, 2)
+    e = np.stack([qj.reshape(N, 2 * half // U, U // 4) for qj in quarters], axis=2)
+    return e.reshape(N, 2 * half)                                            # (N, units, 4, Q)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("G", [32, 128])
+@pytest.mark.parametrize("G", [32, 64, 128])
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_emulated_assembly_equals_reference_unpacking_for_every_code(dtype, G, symmetric):
     q = _every_code_everywhere(G, symmetric)                                 # (16, 2G)
+    if 2 * G % dequant16.layout_unit(G):
+        q = torch.cat([q, q.flip(1)], dim=1)                                 # whole units
     packed = quant.pack_int4(q)
     ref = quant.unpack_int4(packed, signed=symmetric).numpy().astype(np.float64)
     got = _dequant_by_emulation(dequant16.prepack(packed, symmetric, G), G, dtype)
     assert np.array_equal(got, ref - (0 if symmetric else 8))
 
 
-def test_emulated_assembly_reads_each_byte_into_its_own_element():
-    """Output element i depends on byte i only (Triton may group any 4 elements per call)."""
-    for pos in range(4):
-        for b in range(256):
-            reg = np.array([b << (8 * pos)], dtype=np.uint32)
-            for dtype in ("float16", "bfloat16"):
-                lo, hi = dequant16.emulate_asm(reg, dtype)
-                want_lo = np.full(4, -8.0)
-                want_hi = np.full(4, -8.0)
-                want_lo[pos], want_hi[pos] = (b & 0xF) - 8, (b >> 4) - 8
-                assert np.array_equal(lo[0], want_lo) and np.array_equal(hi[0], want_hi)
+def test_emulated_assembly_reads_each_nibble_into_its_own_quarter():
+    """Quarter j of element i depends on one nibble of element i only (Triton may pair any
+    two elements in one call): nibble 0 -> quarter 0, 1 -> 2, 2 -> 1, 3 -> 3."""
+    where = {0: 0, 1: 2, 2: 1, 3: 3}                                         # nibble -> quarter
+    for elem in range(2):
+        for nib in range(4):
+            for v in range(16):
+                reg = np.array([v << (4 * nib + 16 * elem)], dtype=np.uint32)
+                for dtype in ("float16", "bfloat16"):
+                    got = dequant16.emulate_asm(reg, dtype)
+                    for j in range(4):
+                        want = np.full(2, -8.0)
+                        if j == where[nib]:
+                            want[elem] = v - 8
+                        assert np.array_equal(got[j][0], want), (elem, nib, v, j, dtype)
 
 
 @triton.jit
-def _dequant_kernel(p_ptr, lo_ptr, hi_ptr, C: tl.constexpr, W_DTYPE: tl.constexpr):
-    o = tl.arange(0, C)
-    lo, hi = dequant16.dequant_pair(tl.load(p_ptr + o), W_DTYPE, False)
-    tl.store(lo_ptr + o, lo)
-    tl.store(hi_ptr + o, hi)
+def _dequant_kernel(p_ptr, o_ptr, C, BLOCK: tl.constexpr, W_DTYPE: tl.constexpr):
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)                  # (BLOCK,)
+    q0, q1, q2, q3 = dequant16.dequant_quad(tl.load(p_ptr + o), W_DTYPE, False)
+    tl.store(o_ptr + o, q0)                                             # out (4, C)
+    tl.store(o_ptr + C + o, q1)
+    tl.store(o_ptr + 2 * C + o, q2)
+    tl.store(o_ptr + 3 * C + o, q3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_pure_triton_path_gives_the_assembly_bits(dtype):
-    """Every byte value through the pure-Triton path (the interpreter) equals the NumPy
-    model of the assembly, bit for bit (16-bit patterns compared)."""
-    dev = "cuda" if on_gpu() else "cpu"                  # native on a GPU, the interpreter here
-    p = torch.arange(256, dtype=torch.uint8, device=dev)
-    lo, hi = torch.empty(256, dtype=dtype, device=dev), torch.empty(256, dtype=dtype, device=dev)
-    _dequant_kernel[(1,)](p, lo, hi, 256, tl.float16 if dtype == torch.float16 else tl.bfloat16)
+    """Every 16-bit element value through the pure-Triton path (the interpreter; natively
+    on a GPU) equals the NumPy model of the assembly, bit for bit (16-bit patterns)."""
+    dev = "cuda" if on_gpu() else "cpu"
+    C, BLOCK = 1 << 16, 4096
+    p = torch.arange(C, dtype=torch.int32).to(torch.int16).to(dev)           # every value
+    out = torch.empty(4 * C, dtype=dtype, device=dev)
+    _dequant_kernel[(C // BLOCK,)](p, out, C, BLOCK,
+                                   tl.float16 if dtype == torch.float16 else tl.bfloat16)
     name = "float16" if dtype == torch.float16 else "bfloat16"
-    elo, ehi = dequant16.emulate_asm(p.cpu().numpy().view(np.uint32), name)  # (64, 4) each
-    for got, want in ((lo.cpu(), elo), (hi.cpu(), ehi)):
-        want16 = torch.tensor(want.reshape(-1), dtype=torch.float64).to(dtype)
-        assert torch.equal(got.view(torch.int16), want16.view(torch.int16))
+    want = dequant16.emulate_asm(p.cpu().numpy().view(np.uint32), name)      # 4 x (C/2, 2)
+    got = out.cpu().reshape(4, C)
+    for j in range(4):
+        want16 = torch.tensor(want[j].reshape(-1), dtype=torch.float64).to(dtype)
+        assert torch.equal(got[j].view(torch.int16), want16.view(torch.int16)), j
 
 
 def test_assembly_constants_are_the_numbers_the_model_uses():
@@ -114,15 +137,15 @@ def test_assembly_constants_are_the_numbers_the_model_uses():
 
     f16 = {m[0]: lanes(m[1], "float16")
            for m in re.findall(r"mov\.b32 (\w+), (0x[0-9A-F]{8});", dequant16._ASM_F16.value)}
-    assert f16 == {"m": 1024.0, "k": 1032.0, "s": 1 / 16, "c": -72.0}
+    assert f16 == {"m": 1024.0, "k": 1032.0, "f": 1 / 16, "c": -72.0}
     bf16 = {m[0]: lanes(m[1], "bfloat16")
             for m in re.findall(r"mov\.b32 (\w+), (0x[0-9A-F]{8});", dequant16._ASM_BF16.value)}
     assert bf16 == {"m": 128.0, "one": 1.0, "k": -136.0}
     assert dequant16.MAGIC16 == {"float16": 0x6400, "bfloat16": 0x4300}
-    assert "lop3.b32 $2, t0, 0x00F000F0, m, 0xEA;" in dequant16._ASM_F16.value
-    assert "fma.rn.f16x2 $2, $2, s, c;" in dequant16._ASM_F16.value
-    assert "shr.u32 u0, t0, 4;" in dequant16._ASM_BF16.value
-    assert "lop3.b32 $2, u0, 0x000F000F, m, 0xEA;" in dequant16._ASM_BF16.value
-    for asm in (dequant16._ASM_F16.value, dequant16._ASM_BF16.value):
-        assert asm.count("prmt.b32") == 2 and "0x4140" in asm and "0x4342" in asm
-        assert asm.count("lop3.b32") == 4 and asm.count(", 0xEA;") == 4   # (a & b) | c
+    f, b = dequant16._ASM_F16.value, dequant16._ASM_BF16.value
+    # what the lessons count: fp16 1 shift + 4 LOP3 + 2 sub + 2 FMA, bf16 3 + 4 + 4 FMA; no PRMT
+    assert (f.count("shr.u32"), f.count("lop3.b32"), f.count("sub.f16x2"),
+            f.count("fma.rn.f16x2")) == (1, 4, 2, 2)
+    assert (b.count("shr.u32"), b.count("lop3.b32"), b.count("fma.rn.bf16x2")) == (3, 4, 4)
+    for asm in (f, b):
+        assert "prmt" not in asm and asm.count(", 0xEA;") == 4               # (a & b) | c

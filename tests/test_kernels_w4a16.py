@@ -70,7 +70,8 @@ GEMV = dict(kernel="gemv")
                                   dict(block_k=256, block_n=32, **GEMV),
                                   dict(block_k=64, block_n=8, **GEMV),
                                   dict(), dict(split_k=2), dict(split_k=3, block_k=64),
-                                  dict(split_k=6, block_n=16), dict(block_k=96, block_n=64)])
+                                  dict(split_k=6, block_n=16), dict(block_k=128, block_n=64),
+                                  dict(block_k=128, split_k=2, kernel="dot")])
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_every_path(path, symmetric):
     x, wt, _ = _case(3, 37, 192, 32, torch.float32, symmetric, seed=1)
@@ -132,8 +133,10 @@ def test_bad_inputs_say_what_to_do():
         w4a16_linear(x, W4A16Weight(wt.packed, wt.scale[:, :1], None, 32))
     with pytest.raises(TypeError, match="W4A16Weight"):
         w4a16_linear(x, wt.packed)
-    with pytest.raises(ValueError, match="multiple of the group size"):
+    with pytest.raises(ValueError, match="multiple of the kernel layout's unit of 64 codes"):
         w4a16_linear(x, wt, block_k=48)
+    with pytest.raises(ValueError, match="multiple of the group size 32"):
+        w4a16_linear(x, wt, block_k=48, kernel="gemv")
 
 
 def test_reference_and_quantizer_refuse_bad_shapes_and_int_activations():
@@ -154,7 +157,7 @@ def test_split_k_workspace_is_zero_again_after_every_call(symmetric):
 
     x, wt, _ = _case(2, 40, 256, 32, torch.float32, symmetric, seed=2)
     for _ in range(2):
-        y = w4a16_linear(x, wt, split_k=4, block_k=32)
+        y = w4a16_linear(x, wt, split_k=4, block_k=64)
         assert cmp("split-K", w4a16_reference(x, wt), y, rtol=1e-4, atol=1e-4)
         ws, cnt = _common._WORKSPACES[(str(x.device), 2, 40, 2)]
         assert not ws.any() and not cnt.any()
@@ -167,11 +170,21 @@ def test_kernel_by_name_and_bad_names():
         assert cmp(name, ref, w4a16_linear(x, wt, kernel=name), rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="kernel='tiled': choose one of"):
         w4a16_linear(x, wt, kernel="tiled")
-    with pytest.raises(ValueError, match="block_k=48 must be a multiple of the group size 32"):
+    with pytest.raises(ValueError, match="block_k=48 must be a multiple of the kernel layout"):
         w4a16_linear(x, wt, block_k=48)
     if not on_gpu():
         with pytest.raises(ValueError, match="asm=True needs a GPU"):
             w4a16_linear(x, wt, asm=True)
+
+
+def test_group_32_with_an_odd_number_of_groups_runs_the_gemm_by_default():
+    """The dot kernel reads K in units of 64 codes at group 32 (two groups a unit): K = 96
+    has no whole number of them, so the default takes the GEMM and kernel='dot' refuses."""
+    x, wt, _ = _case(2, 24, 96, 32, torch.float32, seed=3)
+    ref = w4a16_reference(x, wt)
+    assert cmp("default", ref, w4a16_linear(x, wt), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="units of 64 codes .*K = 96 is not a multiple.*gemm"):
+        w4a16_linear(x, wt, kernel="dot")
 
 
 @pytest.mark.parametrize("kernel", ["dot", "gemv"])

@@ -1,8 +1,8 @@
 """The inline PTX of kernels.dequant16, executed as written by kernels.ptx_interp (lessons 09, 10).
 
 ``emulate_asm`` models what the assembly is meant to do; these tests run the assembly strings
-themselves, register routing included, on every byte value in every byte position, and
-compare the 16-bit results with the plain dequantization formula and with ``emulate_asm``,
+themselves, register routing included, on every byte value in every byte position of a
+register (both 16-bit elements), and compare the 16-bit results with the plain dequantization formula and with ``emulate_asm``,
 bit for bit. A mutated string (a wrong selector, lookup table, constant or operand) fails.
 """
 import numpy as np
@@ -14,17 +14,22 @@ ASM = {"float16": dequant16._ASM_F16.value, "bfloat16": dequant16._ASM_BF16.valu
 
 
 def every_byte_in_every_position() -> np.ndarray:
-    """uint8 (1024,): 256 words; byte i of word w is (w + 67 i) mod 256, so each of the four
-    byte positions of a register sees all 256 values."""
+    """uint16 (512,): 256 registers of two elements; byte i of register w is (w + 67 i) mod
+    256, so each of the four byte positions (both bytes of both elements) sees all 256
+    values, and each nibble all 16."""
     w = np.arange(256)
-    return np.stack([(w + 67 * i) % 256 for i in range(4)], axis=1).astype(np.uint8).reshape(-1)
+    data = np.stack([(w + 67 * i) % 256 for i in range(4)], axis=1).astype(np.uint8)
+    return data.reshape(-1).view(np.uint16)
 
 
-def formula_bits(data: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """The plain dequantization, low and high nibble minus 8, as 16-bit patterns."""
-    lo = (data & 0xF).astype(np.float64) - 8
-    hi = (data >> 4).astype(np.float64) - 8
-    return bits16(lo, dtype), bits16(hi, dtype)
+SOME = every_byte_in_every_position()
+
+
+def formula_bits(data: np.ndarray, dtype: str) -> list[np.ndarray]:
+    """The plain dequantization, quarter j = nibble (0, 2, 1, 3)[j] minus 8, as 16-bit
+    patterns (the kernel layout of kernels.dequant16.prepack)."""
+    return [bits16(((data >> (4 * nib)) & 0xF).astype(np.float64) - 8, dtype)
+            for nib in (0, 2, 1, 3)]
 
 
 def bits16(values: np.ndarray, dtype: str) -> np.ndarray:
@@ -34,36 +39,49 @@ def bits16(values: np.ndarray, dtype: str) -> np.ndarray:
     return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
+def _same(got, want) -> bool:
+    return all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_the_assembly_as_written_dequantizes_every_byte(dtype):
     data = every_byte_in_every_position()
-    lo, hi = ptx_interp.run_pack4(ASM[dtype], data)
-    want_lo, want_hi = formula_bits(data, dtype)
-    assert np.array_equal(lo, want_lo) and np.array_equal(hi, want_hi)
+    assert _same(ptx_interp.run_pack2(ASM[dtype], data), formula_bits(data, dtype))
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_the_assembly_agrees_with_the_numpy_model(dtype):
-    data = every_byte_in_every_position()
-    lo, hi = ptx_interp.run_pack4(ASM[dtype], data)
-    mlo, mhi = dequant16.emulate_asm(data.view(np.uint32), dtype)           # (256, 4) each
-    assert np.array_equal(lo, bits16(mlo.reshape(-1), dtype))
-    assert np.array_equal(hi, bits16(mhi.reshape(-1), dtype))
+    data = SOME
+    model = dequant16.emulate_asm(data.view(np.uint32), dtype)              # 4 x (n/2, 2)
+    assert _same(ptx_interp.run_pack2(ASM[dtype], data),
+                 [bits16(m.reshape(-1), dtype) for m in model])
 
 
-# One mutation per kind of mistake: a byte selector, the LOP3 table, a mask, the magic number,
-# the bias, the high nibble's scale, an output register, the bf16 shift, a dropped line.
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_input_is_read_before_any_output_is_written(dtype):
+    """The compiler may give an output the input's register ("=r" is not early-clobber):
+    no read of $4 may come after the first write of $0..$3 (an instruction reads its
+    sources before it writes)."""
+    ops = [(op, args) for op, args in ptx_interp.parse(ASM[dtype]) if op != ".reg"]
+    first_write = min(i for i, (_, args) in enumerate(ops) if args[0] in ("$0", "$1", "$2", "$3"))
+    last_read = max(i for i, (_, args) in enumerate(ops) if "$4" in args[1:])
+    assert last_read <= first_write
+
+
+# One mutation per kind of mistake: the LOP3 table, a mask, the magic number, the bias, the
+# high nibbles' scale, an output register, a shift, a dropped line, a swapped source.
 MUTATIONS = [
-    ("float16", "prmt.b32 t0, $4, 0, 0x4140;", "prmt.b32 t0, $4, 0, 0x4041;"),
-    ("float16", "lop3.b32 $0, t0, 0x000F000F, m, 0xEA;", "lop3.b32 $0, t0, 0x000F000F, m, 0xE8;"),
-    ("float16", "lop3.b32 $3, t1, 0x00F000F0, m, 0xEA;", "lop3.b32 $3, t1, 0x00F000F0, m, 0xEA;\n"
-                                                            "lop3.b32 $3, t0, 0x00F000F0, m, 0xEA;"),
+    ("float16", "lop3.b32 $0, $4, 0x000F000F, m, 0xEA;", "lop3.b32 $0, $4, 0x000F000F, m, 0xE8;"),
+    ("float16", "lop3.b32 $3, t, 0x00F000F0, m, 0xEA;", "lop3.b32 $3, $4, 0x00F000F0, m, 0xEA;"),
+    ("float16", "lop3.b32 $1, t, 0x000F000F, m, 0xEA;", "lop3.b32 $1, t, 0x000F00F0, m, 0xEA;"),
     ("float16", "mov.b32 m, 0x64006400;", "mov.b32 m, 0x64006480;"),
     ("float16", "mov.b32 k, 0x64086408;", "mov.b32 k, 0x64086400;"),
-    ("float16", "mov.b32 s, 0x2C002C00;", "mov.b32 s, 0x2C003000;"),
+    ("float16", "mov.b32 f, 0x2C002C00;", "mov.b32 f, 0x2C003000;"),
+    ("float16", "shr.u32 t, $4, 8;", "shr.u32 t, $4, 4;"),
     ("float16", "sub.f16x2 $1, $1, k;", ""),
-    ("bfloat16", "shr.u32 u1, t1, 4;", "shr.u32 u1, t1, 3;"),
-    ("bfloat16", "prmt.b32 t1, $4, 0, 0x4342;", "prmt.b32 t1, $4, 0, 0x4243;"),
+    ("float16", "fma.rn.f16x2 $2, a, f, c;", "fma.rn.f16x2 $2, $3, f, c;"),
+    ("bfloat16", "shr.u32 t12, $4, 12;", "shr.u32 t12, $4, 11;"),
+    ("bfloat16", "lop3.b32 $1, t8, 0x000F000F, m, 0xEA;", "lop3.b32 $1, t4, 0x000F000F, m, 0xEA;"),
     ("bfloat16", "mov.b32 k, 0xC308C308;", "mov.b32 k, 0xC300C308;"),
     ("bfloat16", "fma.rn.bf16x2 $2, $2, one, k;", "fma.rn.bf16x2 $2, $3, one, k;"),
 ]
@@ -72,13 +90,11 @@ MUTATIONS = [
 @pytest.mark.parametrize("dtype,old,new", MUTATIONS)
 def test_a_mutated_assembly_string_fails(dtype, old, new):
     assert ASM[dtype].count(old) == 1, "the mutation no longer matches the assembly: update it"
-    data = every_byte_in_every_position()
     try:
-        lo, hi = ptx_interp.run_pack4(ASM[dtype].replace(old, new), data)
+        got = ptx_interp.run_pack2(ASM[dtype].replace(old, new), SOME)
     except ValueError:                     # e.g. a lane that is no longer a finite value
         return
-    want_lo, want_hi = formula_bits(data, dtype)
-    assert not (np.array_equal(lo, want_lo) and np.array_equal(hi, want_hi))
+    assert not _same(got, formula_bits(SOME, dtype))
 
 
 def test_lop3_and_prmt_follow_the_ptx_definitions():
@@ -110,8 +126,10 @@ def test_the_interpreter_refuses_what_it_does_not_model():
         ptx_interp.run("{ mov.b32 $0, t9; }", {"$1": np.zeros(1, np.uint32)})
     with pytest.raises(ValueError, match="only round-to-nearest-even"):
         ptx_interp.run("{ fma.rz.f16x2 $0, $1, $1, $1; }", {"$1": np.zeros(1, np.uint32)})
-    with pytest.raises(ValueError, match="multiple of 4"):
-        ptx_interp.run_pack4(ASM["float16"], np.zeros(6, np.uint8))
+    with pytest.raises(ValueError, match="even number of elements"):
+        ptx_interp.run_pack2(ASM["float16"], np.zeros(3, np.uint16))
+    with pytest.raises(ValueError, match="16-bit integers"):
+        ptx_interp.run_pack2(ASM["float16"], np.zeros(4, np.uint8))
 
 
 def test_a_broken_interpreter_pair_is_named_once():
