@@ -278,16 +278,21 @@ def _group_epilogue(acc, part, xa, xb, s_ptr, z_ptr, offs_n, stride_sn, g, live_
     """acc += part * scale of group g, once per group and output (zero point first).
 
     xa, xb: the group's x (two or four quarters summed in pairs by the caller), for
-    sum x * (u - z) = sum x * (u - 8) - (z - 8) * sum x.
+    sum x * (u - z) = sum x * (u - 8) - (z - 8) * sum x. The scales are loaded as a
+    (1, BLOCK_N) row, the shape they multiply: Triton 3.6 then converts each fp16 scale to
+    fp32 once, not in every thread that holds its column (2 HADD2 a trip instead of 16 on
+    sm_90, kernels.compile_check; the same row load for the zero points costs Triton 3.9
+    more instructions, so they stay a (BLOCK_N,) vector).
     """
-    s = tl.load(s_ptr + offs_n * stride_sn + g, mask=live_n, other=0.0).to(tl.float32)
+    s_ptrs = s_ptr + offs_n[None, :] * stride_sn + g                     # (1, BLOCK_N)
+    s = tl.load(s_ptrs, mask=live_n[None, :], other=0.0).to(tl.float32)
     if HAS_ZERO:
         z = tl.load(z_ptr + offs_n * stride_sn + g, mask=live_n, other=8)   # (BLOCK_N,)
         # 0..15 to float without an int-to-float conversion: the 2**23 bit trick
         z = (z | MAGIC).to(tl.float32, bitcast=True) - (TWO_23 + 8.0)
         x_sum = tl.sum(xa, axis=1) + tl.sum(xb, axis=1)                  # (BLOCK_M,)
         part -= x_sum[:, None] * z[None, :]
-    return acc + part * s[None, :]                   # the group scale, once per group
+    return acc + part * s                            # the group scale, once per group
 
 
 @triton.jit
