@@ -328,3 +328,11 @@ def test_tune_block_refuses_mismatched_activations():
     with pytest.raises(ValueError, match="x and target must be the same"):
         qat.tune_block(model.model.layers[0], torch.zeros(2, 8, 64), torch.zeros(2, 8, 32),
                        cos, sin, 3, 32)
+
+
+def test_the_export_only_rerun_is_for_smollm2_only():
+    """``--export-only`` reruns the GGUF/llama.cpp check of the SmolLM2 table alone
+    (``qat_tables.rerun_exports``); the bundled table has no export to rerun."""
+    from course_lib import qat_tables
+    with pytest.raises(SystemExit):
+        qat_tables.main(["--model", "bundled", "--export-only"])

@@ -105,7 +105,7 @@ WRITERS = {
     "course_lib/methods/table.py": ["write_table"],
     "course_lib/smollm.py": ["write_rtn_table", "benchmark"],
     "course_lib/engine.py": ["write_table"],
-    "course_lib/qat_tables.py": ["write_bundled", "write_smollm2"],   # lesson 15
+    "course_lib/qat_tables.py": ["write_bundled", "write_smollm2", "rerun_exports"],   # lesson 15
     "course_lib/kv.py": ["run"],
     "course_lib/methods/w8a8.py": ["main", "add_sweep"],
     "course_lib/methods/llm_int8.py": ["main"],
