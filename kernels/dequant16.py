@@ -21,8 +21,8 @@ What you will learn
       nibble 1: code 2Q + e   (quarter 2)      nibble 3: code 3Q + e  (quarter 3)
 
   so a unit's Q elements give four (BLOCK_N, Q) tiles of codes, one per quarter, that meet
-  four plain, contiguous loads of x (x[:, jQ : (j+1)Q] for quarter j). Nothing is
-  reshuffled in registers, and x is used as it is.
+  four plain, contiguous loads of x (x[:, uU + jQ : uU + (j+1)Q] for quarter j of unit u).
+  Nothing is reshuffled in registers, and x is used as it is.
 * Why 16-bit elements: the kernel loads the weights as int16, two per 32-bit register, and
   one register carries the same nibble position of two elements into the two lanes. No
   byte permute (PRMT) is needed, and the compiler hands ``tl.dot`` the registers as they

@@ -576,7 +576,7 @@ def _which_kernel(kernel, force_gemm, config) -> str:
 
 def use_asm(x_dtype: torch.dtype) -> bool:
     """True where ``dequant16.dequant_quad`` runs its inline PTX: a GPU of compute
-    capability 8.0+ (bf16x2 and PRMT/LOP3 there) and 16-bit activations."""
+    capability 8.0+ (bf16x2 and LOP3 there) and 16-bit activations."""
     if not on_gpu() or x_dtype == torch.float32:
         return False
     return torch.cuda.get_device_capability(0) >= (8, 0)
