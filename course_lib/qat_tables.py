@@ -121,6 +121,14 @@ def write_bundled(path: Path | None = None, progress: bool = True) -> dict:
     return out
 
 
+def _smollm2_qat(model: nn.Module, ids, bits: int, progress: bool = True, log=None):
+    """SmolLM2 tuned block by block at ``bits`` with ``SETTINGS["smollm2"]``: (model, s)."""
+    st = SETTINGS["smollm2"]
+    return qat.blockwise_qat(model, ids, bits, st["group_size"], steps=st["steps"], lr=st["lr"],
+                             scale_lr=st["scale_lr"], batch=st["batch"], n_blocks=st["n_blocks"],
+                             progress=progress, log=log)
+
+
 def write_smollm2(path: Path | None = None, progress: bool = True) -> dict:
     """SmolLM2 tuned block by block at 3 and 2 bits (group 32) beside RTN, GPTQ (with and
     without act-order) and AWQ at the same bits on the lesson 04 protocol:
@@ -181,9 +189,7 @@ def write_smollm2(path: Path | None = None, progress: bool = True) -> dict:
                                 **_scores(qm, ref)})
             _write(path, out)
         log: list = []
-        qm, secs = qat.blockwise_qat(model, ids, bits, gs, steps=st["steps"], lr=st["lr"],
-                                 scale_lr=st["scale_lr"], batch=st["batch"],
-                                 n_blocks=st["n_blocks"], progress=progress, log=log)
+        qm, secs = _smollm2_qat(model, ids, bits, progress, log)
         out["rows"].append({"method": "qat-blockwise", **base, "seconds": round(secs, 1),
                             **_scores(qm, ref)})
         out["block_losses"][label(bits)] = [[round(v, 6) for v in (b[0], b[-1])] for b in log]
@@ -215,9 +221,7 @@ def rerun_exports(path: Path | None = None, progress: bool = True) -> dict:
     exports = {}
     for bits in st["bits"]:
         row = next(r for r in out["rows"] if r["method"] == "qat-blockwise" and r["bits"] == bits)
-        qm, _ = qat.blockwise_qat(model, ids, bits, st["group_size"], steps=st["steps"],
-                                  lr=st["lr"], scale_lr=st["scale_lr"], batch=st["batch"],
-                                  n_blocks=st["n_blocks"], progress=progress)
+        qm, _ = _smollm2_qat(model, ids, bits, progress)
         again = _scores(qm, ref)
         for k in ("perplexity", "kl_nats", "top1_agreement"):
             # the same CPU type and thread count reproduce a run; 0.5% leaves room for

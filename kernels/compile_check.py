@@ -363,8 +363,8 @@ def plan_jobs(arch: int, M: int, K: int, N: int, sms: int):
     p = {**p, "rule": split_plan(-(-N // p["BLOCK_N"]), steps, sms, p["num_stages"] - 1)}
     out.append(("w4a16_dot", CompileJob("w4a16_dot", w4a16.w4a16_dot_kernel, sig, consts,
                                         p["num_warps"], p["num_stages"],
-                                        weight_bytes_per_step=p["BLOCK_N"] * 64 *
-                                        p["UNITS_PER_STEP"]), p, steps))
+                                        weight_bytes_per_step=w4a16._dot_step_bytes(
+                                            {**p, "GROUP": 128})), p, steps))
     p8 = w8a16.dot_plan(M, N, K, sms=sms)
     consts = {k: v for k, v in p8.items() if k not in ("num_warps", "num_stages")}
     p8 = {**p8, "rule": split_plan(-(-N // p8["BLOCK_N"]), -(-K // p8["BLOCK_K"]), sms,

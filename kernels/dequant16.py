@@ -148,14 +148,12 @@ def emulate_asm(regs: np.ndarray, dtype: str = "float16") -> tuple[np.ndarray, .
         return _fma16(_lanes((t & np.uint32(mask)) | magic, dtype), a, b, dtype)
 
     t8 = r >> np.uint32(8)                                              # nibbles 2, 3 -> 0, 1
+    q0 = exact(r, low, 1.0, -BIAS16[dtype])
+    q1 = exact(t8, low, 1.0, -BIAS16[dtype])
     if dtype == "float16":                                              # 1024 + 16u, no shift
-        q0 = exact(r, low, 1.0, -BIAS16[dtype])
-        q1 = exact(t8, low, 1.0, -BIAS16[dtype])
         q2 = exact(r, 0x00F000F0, 1 / 16, -72.0)
         q3 = exact(t8, 0x00F000F0, 1 / 16, -72.0)
     else:                                                               # bf16: shift first
-        q0 = exact(r, low, 1.0, -BIAS16[dtype])
-        q1 = exact(t8, low, 1.0, -BIAS16[dtype])
         q2 = exact(r >> np.uint32(4), low, 1.0, -BIAS16[dtype])
         q3 = exact(r >> np.uint32(12), low, 1.0, -BIAS16[dtype])
     return q0, q1, q2, q3                                               # (..., 2) each

@@ -277,8 +277,9 @@ def _group_epilogue(acc, part, xa, xb, s_ptr, z_ptr, offs_n, stride_sn, g, live_
                     HAS_ZERO: tl.constexpr):
     """acc += part * scale of group g, once per group and output (zero point first).
 
-    xa, xb: the group's x (two or four quarters summed in pairs by the caller), for
-    sum x * (u - z) = sum x * (u - 8) - (z - 8) * sum x. The scales are loaded as a
+    xa, xb: the group's x (two quarters, or four summed in pairs by the caller), for
+    sum x * (u - z) = sum x * (u - 8) - (z - 8) * sum x; unused (and compiled away)
+    without zero points. The scales are loaded as a
     (1, BLOCK_N) row, the shape they multiply: Triton 3.6 then converts each fp16 scale to
     fp32 once, not in every thread that holds its column (2 HADD2 a trip instead of 16 on
     sm_90, kernels.compile_check; the same row load for the zero points costs Triton 3.9
@@ -355,13 +356,9 @@ def w4a16_dot_kernel(
                 part, x1 = _quarter_dot(x_ptrs, x_mask, q1, 1, Q, part, False, W_DTYPE, DOT_FP32)
                 part, x2 = _quarter_dot(x_ptrs, x_mask, q2, 2, Q, part, False, W_DTYPE, DOT_FP32)
                 part, x3 = _quarter_dot(x_ptrs, x_mask, q3, 3, Q, part, False, W_DTYPE, DOT_FP32)
-                if HAS_ZERO:
-                    xa = x0.to(tl.float32) + x1.to(tl.float32)
-                    xb = x2.to(tl.float32) + x3.to(tl.float32)
-                else:
-                    xa, xb = x0, x1                          # unused
-                acc = _group_epilogue(acc, part, xa, xb, s_ptr, z_ptr, offs_n, stride_sn,
-                                      u, live_n, HAS_ZERO)
+                acc = _group_epilogue(acc, part, x0.to(tl.float32) + x1.to(tl.float32),
+                                      x2.to(tl.float32) + x3.to(tl.float32), s_ptr, z_ptr,
+                                      offs_n, stride_sn, u, live_n, HAS_ZERO)
             else:                                            # two groups of 32: two each
                 pa, x0 = _quarter_dot(x_ptrs, x_mask, q0, 0, Q, acc, True, W_DTYPE, DOT_FP32)
                 pa, x1 = _quarter_dot(x_ptrs, x_mask, q1, 1, Q, pa, False, W_DTYPE, DOT_FP32)
