@@ -28,7 +28,9 @@ Overflow rules, chosen per format and matched to torch where torch has the forma
 - fp32, fp16, bf16, fp8_e5m2: IEEE: anything that rounds past the largest finite value becomes
   +-inf; inf stays inf; NaN stays NaN.
 - fp8_e4m3: **saturate**: anything past 448 (and +-inf) becomes +-448; NaN stays NaN (0x7F).
-  This is what torch 2.13's ``float8_e4m3fn`` cast does.
+  This is what torch 2.13's ``float8_e4m3fn`` cast does, since PyTorch PR #178817 (April
+  2026); before it torch's ``fp8e4m3fn_from_fp32_value`` gave NaN past 464, like ml_dtypes.
+  Code that must agree across libraries clamps to +-448 before it casts (lesson 01).
 - fp4_e2m1: saturate to +-6 (inf too). NaN has no encoding: ``ValueError``.
 - e8m0: a value that rounds past 2^127 (and inf) becomes NaN (0xFF), as in torch and ml_dtypes.
   There is no zero: 0 and values under 2^-127 round to the smallest scale 2^-127 (torch does the
@@ -40,7 +42,7 @@ Overflow rules, chosen per format and matched to torch where torch has the forma
 Known differences from the libraries (pinned by ``tests/test_formats.py``):
 
 - ``ml_dtypes.float8_e4m3fn`` turns values that round past 448 (from 464 up, and inf) into NaN;
-  torch and this module saturate to 448.
+  torch 2.13 and this module saturate to 448 (an older torch gives NaN there too).
 - ``ml_dtypes.float8_e8m0fnu`` maps 0 and negative numbers to NaN; torch maps 0 to 2^-127 and
   uses |x| for negatives; this module maps 0 to 2^-127 and raises on negatives. All three round
   ties *up* (1.5 -> 2): with no mantissa bits the even neighbour is the larger power of two,

@@ -121,7 +121,7 @@ FORMATS: dict[str, Format] = {f.name: f for f in [
     Format("mxfp4", quant.bits_per_weight("mxfp4"), "OCP MXFP4: E2M1 values, one E8M0 scale per 32: 4 + 8/32"),
     Format("fp4", quant.bits_per_weight("mxfp4"), "FP4 E2M1 as shipped in MXFP4 blocks (gpt-oss): 4.25"),
     Format("nvfp4", quant.bits_per_weight("nvfp4"), "NVIDIA NVFP4: E2M1, one E4M3 scale per 16 (+ an FP32 tensor scale)"),
-    Format("q4_k_m", quant.bits_per_weight("q4_k_m"), "llama.cpp GGUF Q4_K_M, about 4.89 bits per weight"),
+    Format("q4_k_m", quant.bits_per_weight("q4_k_m"), "llama.cpp GGUF Q4_K_M mix: 4.89 on Llama-3.1-8B, head included"),
 ]}
 FORMAT_ALIASES = {"int4-g128": "int4_g128", "w4a16": "int4_g128", "int4-g32": "int4_g32",
                   "fp8_e4m3": "fp8", "e4m3": "fp8", "float8": "fp8", "float16": "fp16",
@@ -630,6 +630,52 @@ def bytes_read_per_token(model, fmt="bf16") -> float:
     return weight_bytes(model, fmt)
 
 
+def llama_q4_k_m_bits(layers: int, hidden: int, ffn: int, kv_dim: int, vocab: int) -> dict:
+    """Size of llama.cpp's Q4_K_M mix for a Llama-architecture model with an untied output
+    head, from its shapes alone (lesson 03): every tensor priced in the type
+    ``kmix.llama_type`` gives it (``attn_v`` and ``ffn_down`` in Q6_K in the layers
+    ``kmix.use_more_bits`` picks, the output head in Q6_K, the rest Q4_K, 32-block fallbacks
+    where a row is not a multiple of 256 wide), the token embedding in Q4_K (llama.cpp leaves
+    it at the mix's base type) and the norms in F32. ``kv_dim`` = KV heads x head dim.
+    Not modelled: llama.cpp's extra rules for 70B-class models (``LLM_TYPE_70B``: attn_v
+    Q4_K -> Q5_K), fused QKV tensors and experts (``src/llama-quant.cpp``, 0.3.36 sdist).
+
+    Returns ``{"weights", "bytes", "bits_per_weight", "by_type": {type: weights}}``.
+    Llama-3.1-8B (32, 4096, 14336, 1024, 128256) -> 8,030,261,248 weights, 4.58 GiB,
+    4.8944 bits per weight: the figures llama.cpp's ``tools/quantize/README.md`` lists.
+    """
+    from course_lib import kmix, kquants
+
+    layers, hidden, ffn = (_positive_int(n, v) for n, v in
+                           (("layers", layers), ("hidden", hidden), ("ffn", ffn)))
+    kv_dim, vocab = _positive_int("kv_dim", kv_dim), _positive_int("vocab", vocab)
+    tensors = [("token_embd.weight", vocab, hidden), ("output.weight", vocab, hidden)]
+    for i in range(layers):   # (name, rows, row width): a Linear weight is (out, in)
+        tensors += [(f"blk.{i}.attn_q.weight", hidden, hidden),
+                    (f"blk.{i}.attn_k.weight", kv_dim, hidden),
+                    (f"blk.{i}.attn_v.weight", kv_dim, hidden),
+                    (f"blk.{i}.attn_output.weight", hidden, hidden),
+                    (f"blk.{i}.ffn_gate.weight", ffn, hidden),
+                    (f"blk.{i}.ffn_up.weight", ffn, hidden),
+                    (f"blk.{i}.ffn_down.weight", hidden, ffn)]
+    by_type, total_bytes = {}, 0
+    for name, rows, cols in tensors:
+        if name == "token_embd.weight":
+            fmt = "q4_k" if kquants.fits("q4_k", cols) else kmix.FALLBACK["q4_k"]
+        else:
+            fmt = kmix.llama_type("q4_k_m", name, cols, layers, tied=False).stored
+        if fmt == "f16" or not kquants.fits(fmt, cols):
+            raise ValueError(f"{name}: rows {cols} wide fit no k-quant or 32-block format")
+        total_bytes += rows * kquants.row_bytes(fmt, cols)
+        by_type[fmt] = by_type.get(fmt, 0) + rows * cols
+    norms = (2 * layers + 1) * hidden                 # attn_norm, ffn_norm per layer; output_norm
+    by_type["f32"] = norms
+    total_bytes += 4 * norms
+    weights = sum(by_type.values())
+    return {"weights": weights, "bytes": total_bytes,
+            "bits_per_weight": 8 * total_bytes / weights, "by_type": by_type}
+
+
 # ---------------------------------------------------------------------------------------
 # KV cache
 # ---------------------------------------------------------------------------------------
@@ -932,7 +978,7 @@ __all__ = [
     "GB", "GIB", "TB", "USABLE_FRACTION", "DEFAULT_WORKSPACE_GB", "REALISTIC_EFFICIENCY",
     "Format", "FORMATS", "get_format", "bits_per_weight", "bits_with_scales",
     "GPU", "GPUS", "get_gpu", "catalogue_gpu", "Model", "MODELS", "get_model",
-    "weight_gb_from_bits", "weight_bytes", "weight_gb", "bytes_read_per_token",
+    "weight_gb_from_bits", "weight_bytes", "weight_gb", "bytes_read_per_token", "llama_q4_k_m_bits",
     "kv_bytes_per_token", "kv_bytes_per_token_from_config", "model_kv_bytes_per_token",
     "kv_cache_gb", "conversations_that_fit", "decode_floor_ms", "tokens_per_second_ceiling",
     "batched_step_ms", "batch_tokens_per_second", "Plan", "plan", "gpus_per_replica",

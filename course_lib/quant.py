@@ -499,9 +499,13 @@ def unpack_int4(packed, signed: bool = True):
 #: q4_k: GGUF super-blocks of 256 weights = 8 sub-blocks of 32, each with a 6-bit scale
 #:       and a 6-bit min, plus FP16 d and dmin per super-block: 4 + (8*12 + 2*16)/256 = 4.5.
 #: q6_k: 6 + (16*8 + 16)/256 = 6.5625.
-#: q4_k_m: a mix (most tensors Q4_K, some Q6_K) that llama.cpp's quantize documentation
-#:         reports at about 4.89 bits per weight for Llama-class models: a measured average,
-#:         not a per-block formula.
+#: q4_k_m: a mix, not a block format: Q4_K for most tensors, Q6_K for the output head and for
+#:         attn_v and ffn_down in about half the layers (llama.cpp ``src/llama-quant.cpp``,
+#:         ``llama_tensor_get_type``), so its bits per weight depend on the model. 4.89 is
+#:         Llama-3.1-8B's: llama.cpp's ``tools/quantize/README.md`` (vendored in the
+#:         llama-cpp-python 0.3.36 sdist) lists 4.8944 bits/weight, 4.58 GiB, for that model:
+#:         the whole file over all its weights, token embedding and output head included.
+#:         ``hardware.llama_q4_k_m_bits`` recomputes it from the mix rule and the shapes.
 BLOCK_FORMAT_BITS = {
     "mxfp4": 4 + 8 / 32,
     "nvfp4": 4 + 8 / 16,

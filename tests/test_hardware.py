@@ -114,6 +114,27 @@ def test_kv_per_token():
     assert hw.kv_bytes_per_token_from_config(cfg) == 2 * 46 * 32 * (4608 // 32) * 2
 
 
+def test_llama_q4_k_m_bits():
+    # Llama-3.1-8B's shapes (config.json) give llama.cpp's own figures for its Q4_K_M file
+    # (tools/quantize/README.md, llama-cpp-python 0.3.36: 4.8944 bits/weight, 4.58 GiB)
+    m = hw.llama_q4_k_m_bits(layers=32, hidden=4096, ffn=14336, kv_dim=1024, vocab=128256)
+    assert m["weights"] == 8_030_261_248
+    assert round(m["bits_per_weight"], 4) == 4.8944
+    assert round(m["bytes"] / 2**30, 2) == 4.58
+    assert round(m["bits_per_weight"], 2) == hw.bits_per_weight("q4_k_m")
+    # the head (128256 x 4096) plus attn_v and ffn_down in 16 of 32 layers are Q6_K
+    assert m["by_type"]["q6_k"] == 128256 * 4096 + 16 * (1024 * 4096 + 4096 * 14336)
+    assert sum(m["by_type"].values()) == m["weights"]
+    # a row width that is no multiple of 256 falls back to a 32-block format (Q4_K -> Q5_0)
+    odd = hw.llama_q4_k_m_bits(layers=2, hidden=96, ffn=160, kv_dim=32, vocab=100)
+    assert "q5_0" in odd["by_type"] and "q4_k" not in odd["by_type"]
+    for bad in (0, 2.5, True, "32"):
+        with pytest.raises(ValueError, match="layers must be"):
+            hw.llama_q4_k_m_bits(layers=bad, hidden=4096, ffn=14336, kv_dim=1024, vocab=128256)
+    with pytest.raises(ValueError, match="fit no"):
+        hw.llama_q4_k_m_bits(layers=2, hidden=100, ffn=160, kv_dim=32, vocab=100)
+
+
 def test_conversations_that_fit():
     kv70 = hw.model_kv_bytes_per_token("70B")
     # the source: 70B FP8 leaves 9.4 GB on an 80 GB H100: 7 users at 4,096 tokens, 14 with FP8 KV
