@@ -15,7 +15,8 @@ The pieces, in the order lesson 05 teaches them:
 - :class:`Int8Linear` and :func:`quantize_model_int8`: that layer swapped into a model;
 - :func:`threshold_report`, :func:`systematic_features`, :class:`ZeroFeaturesLinear`: which
   columns cross the threshold, and the paper's ablation (zero those features);
-- :func:`decomposition_cost`: what the 16-bit side path costs in bytes and FLOPs.
+- :func:`decomposition_cost`: what the 16-bit side path costs in bytes and FLOPs, counted
+  as bitsandbytes computes it.
 
 Weights are stored as int8 codes with one scale per output channel (over the whole row). The
 16-bit path multiplies the outlier columns of x, unquantized, by the matching columns of the
@@ -295,13 +296,24 @@ def zero_features(model: nn.Module, columns: dict) -> nn.Module:
 
 
 def decomposition_cost(M: int, N: int, K: int, n_outliers: int, act_bytes: int = 2) -> dict:
-    """What the 16-bit side path adds to one W8A8 layer y = x W^T (lesson 05).
+    """What the 16-bit side path adds to one W8A8 layer y = x W^T (lesson 05), counted the way
+    bitsandbytes computes it: ``int8_mixed_scaled_mm`` in bitsandbytes 0.50.2,
+    ``bitsandbytes/backends/default/ops.py`` lines 64-100 (its CUDA path calls the same op).
 
-    A plain INT8 layer reads the int8 weight (N*K bytes) and the int8 activations (M*K),
-    and writes the output (M*N*act_bytes). The decomposition adds: gathering the outlier
-    columns of x (M*n read and written in 16-bit), a 16-bit copy of the matching weight
-    columns (n*N), and a second partial output in fp32 written and read back to be added
-    (2 * 4*M*N); plus 2*M*N*n FLOPs at the 16-bit rate (half the INT8 rate on A100/H100).
+    A plain INT8 layer reads the int8 weight (N*K bytes) and the int8 activations (M*K) and
+    writes the 16-bit output (M*N*act_bytes): ``base_bytes``. The decomposition adds
+    (``extra_bytes``):
+
+    - the gather of the n outlier columns of x into a contiguous copy (line 78): M*n read and
+      written, 2*M*n*act_bytes;
+    - the matching weight columns dequantized to 16-bit (lines 81-85): n*N int8 read, n*N
+      16-bit written;
+    - ``output.addmm(subA, subB)`` (line 98), which adds the 16-bit outlier product into the
+      INT8 path's finished output: it reads both small operands ((M*n + n*N)*act_bytes) and
+      reads and rewrites the whole output (``output_roundtrip_bytes`` = 2*M*N*act_bytes). A
+      kernel that added the product in its epilogue would save that round trip.
+
+    And 2*M*N*n FLOPs at the 16-bit rate (half the INT8 rate on A100/H100).
     """
     for v, what in ((M, "M"), (N, "N"), (K, "K"), (act_bytes, "act_bytes")):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -311,9 +323,14 @@ def decomposition_cost(M: int, N: int, K: int, n_outliers: int, act_bytes: int =
                          f"{n_outliers!r}")
     n = n_outliers
     base_bytes = N * K + M * K + M * N * act_bytes
-    extra_bytes = 0 if n == 0 else 2 * M * n * act_bytes + n * N * act_bytes + 2 * 4 * M * N
+    gather = 2 * M * n * act_bytes                                   # x[:, cols].contiguous()
+    weight_cols = n * N + n * N * act_bytes                          # int8 read, 16-bit written
+    operands = (M * n + n * N) * act_bytes                           # addmm reads subA, subB
+    roundtrip = 0 if n == 0 else 2 * M * N * act_bytes               # addmm reads, rewrites y
+    extra_bytes = gather + weight_cols + operands + roundtrip
     int8_flops, f16_flops = 2 * M * N * (K - n), 2 * M * N * n
     return {"base_bytes": base_bytes, "extra_bytes": extra_bytes,
+            "output_roundtrip_bytes": roundtrip,
             "bytes_ratio": (base_bytes + extra_bytes) / base_bytes,
             "int8_flops": int8_flops, "fp16_flops": f16_flops,
             # matmul time relative to all-INT8: a 16-bit FLOP costs two INT8 ones on A100/H100
