@@ -26,7 +26,29 @@ def test_figures_are_read_from_the_measured_rows():
     assert f["w4_g32_kl_nats"] == {"rtn": 0.36, "gptq": 0.19, "gptq+act": None, "awq": None}
     assert f["w3_g32_perplexity"]["rtn"] == 77.0 and f["w3_g32_perplexity"]["gptq"] is None
     assert f["w8a8_int8_dynamic_per_token_kl_nats"] == {"none": 0.028, "smoothquant_0.8": None}
-    assert f["seconds_to_quantize"] == {"gptq": 200.0, "awq": None}
+    assert f["seconds_to_quantize"] == {"gptq": 200.0, "gptq+act": None, "awq": None}
+    # a row named after what it ran (a relabelled one) is a figure too
+    rows["w4_g32 gptq+act, actorder unset"] = {"kl_nats": 0.2, "seconds": 300.0}
+    f = _tool().figures(rows)
+    assert f["w4_g32_kl_nats"]["gptq+act, actorder unset"] == 0.2
+    assert f["seconds_to_quantize"]["gptq+act, actorder unset"] == 300.0
+
+
+def test_every_gptq_recipe_sets_actorder_explicitly():
+    """llm-compressor 0.14's GPTQModifier runs static act-order when actorder is left out
+    (modifiers/gptq/base.py:132, 154-158), so every GPTQ recipe must say which it wants.
+    llm-compressor is not installed here: read the recipes from the tool's source."""
+    import ast
+    tree = ast.parse((ROOT / "tools" / "llm_compressor_reference.py").read_text())
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and getattr(n.func, "id", None) == "GPTQModifier"]
+    assert len(calls) == 2
+    actorders = []
+    for c in calls:
+        kw = {k.arg: k.value for k in c.keywords}
+        assert "actorder" in kw, "a GPTQ recipe without actorder runs llm-compressor's default"
+        actorders.append(ast.literal_eval(kw["actorder"]))
+    assert sorted(actorders, key=str) == [None, "static"]
 
 
 def test_the_committed_record_has_its_provenance_and_every_figure():
@@ -45,11 +67,33 @@ def test_the_committed_record_has_its_provenance_and_every_figure():
             assert (isinstance(v, float) and v > 0) or (v is None and (row.get("error") or row.get("skipped"))), \
                 f"{table} {name}: {v!r}"
     # the figures lessons 06 and 08 assert on are all measured (lesson 07 prints AWQ's or why not)
-    for table, names in (("w4_g32_kl_nats", ("rtn", "gptq", "gptq+act")),
-                         ("w3_g32_perplexity", ("rtn", "gptq")),
+    for table, names in (("w4_g32_kl_nats", ("rtn", "gptq+act", "gptq+act, actorder unset")),
+                         ("w3_g32_perplexity", ("rtn", "gptq+act, actorder unset")),
                          ("w8a8_int8_dynamic_per_token_kl_nats", ("none", "smoothquant_0.8"))):
         assert all(rec["figures"][table][n] is not None for n in names), (table, names)
-    # every figure is one of the measured rows
+    # every figure is one of the measured rows, and the figures are what the tool derives
     f = rec["figures"]
-    assert f["w4_g32_kl_nats"]["gptq"] == rec["rows"]["w4_g32 gptq"]["kl_nats"]
-    assert f["w3_g32_perplexity"]["gptq"] == rec["rows"]["w3_g32 gptq"]["perplexity"]
+    assert f == _tool().figures(rec["rows"])
+    assert f["w4_g32_kl_nats"]["gptq+act"] == rec["rows"]["w4_g32 gptq+act"]["kl_nats"]
+
+
+def test_the_record_says_which_rows_ran_act_order():
+    """The committed run's 'gptq' recipe set no actorder, so llm-compressor 0.14 ran static
+    act-order: those rows are recorded under a name that says so, with the source lines, and
+    no figure labelled plain 'gptq' remains (no number was changed or invented)."""
+    rec = json.loads(RESULT.read_text())
+    rows = rec["rows"]
+    for bits in ("w4_g32", "w3_g32"):
+        unset = rows[f"{bits} gptq+act, actorder unset"]
+        assert unset["actorder"] == "static" and "base.py:132, 154-158" in unset["why_act_order"]
+        assert unset["ran_as"] == f"'{bits} gptq' in this record's command"
+        assert "actorder unset" in rows[f"{bits} gptq"]["skipped"]
+    assert rows["w4_g32 gptq+act"]["actorder"] == "static"
+    assert rec["figures"]["w4_g32_kl_nats"]["gptq"] is None
+    assert rec["figures"]["w3_g32_perplexity"]["gptq"] is None
+    # the numbers are the measured ones, unchanged
+    assert rec["figures"]["w4_g32_kl_nats"]["gptq+act, actorder unset"] == 0.19140255451202393
+    assert rec["figures"]["w3_g32_perplexity"]["gptq+act, actorder unset"] == 44.82827329771364
+    assert "gptq+act" in rec["protocol"]["weights"] and "without act-order" in rec["protocol"]["weights"]
+    assert "w4_g32 gptq" not in rec["repeat"]["rows"]
+    assert "0.5" in rec["protocol"]["w8a8"]           # SmoothQuant 0.8 is the course's choice

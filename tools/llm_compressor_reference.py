@@ -22,7 +22,18 @@ loaded by transformers (which dequantizes it) in float32; every figure is relati
 unquantized model. The schemes: W4 and W3, symmetric, groups of 32, every Linear but lm_head,
 round-to-nearest (QuantizationModifier), GPTQ without and with static act-order (GPTQModifier,
 dampening 0.01) and AWQ (AWQModifier); W8A8 INT8 with dynamic per-token activations, without
-and with SmoothQuant at alpha 0.8. On a 2-core CPU each GPTQ recipe takes 3-7 minutes and each
+and with SmoothQuant at alpha 0.8 (the course's choice: llm-compressor's default
+``smoothing_strength`` is 0.5, modifiers/transform/smoothquant/base.py:107 in 0.14.0.1).
+
+Every GPTQ recipe sets ``actorder`` explicitly, so that each row measures what its name says:
+llm-compressor 0.14.0.1's ``GPTQModifier.actorder`` defaults to ``Sentinel("static")``, which
+it resolves to static act-order whenever the scheme sets none (modifiers/gptq/base.py:132,
+154-158). A recipe that leaves it out therefore runs act-order: the "gptq" rows of the record
+committed before this was fixed did, and the record says so. In every GPTQ run the group
+scales come from the memoryless min-max observer on the unmodified weight, before the column
+loop (modifiers/gptq/base.py:235, 313, 340-347; modifiers/quantization/calibration.py:65-67).
+
+On a 2-core CPU each GPTQ recipe takes 3-7 minutes and each
 AWQ recipe over an hour; ``--only`` runs some recipes, in the order given, and ``--out`` is
 rewritten after each one, so a stopped run keeps what it measured. llm-compressor 0.14 pins its
 cached activations, which fails without a GPU; the tool makes pinning a no-op there and says so
@@ -132,8 +143,11 @@ def recipes(quick: bool) -> dict:
     for bits in (4, 3):
         out[f"w{bits}_g32 rtn"] = [QuantizationModifier(config_groups=weight_scheme(bits),
                                                         ignore=["lm_head"])]
+        # actorder=None: no act-order. Left out, llm-compressor 0.14 runs static act-order
+        # (GPTQModifier.actorder's default, modifiers/gptq/base.py:132, 154-158)
         out[f"w{bits}_g32 gptq"] = [GPTQModifier(config_groups=weight_scheme(bits),
-                                                 ignore=["lm_head"], dampening_frac=0.01)]
+                                                 ignore=["lm_head"], dampening_frac=0.01,
+                                                 actorder=None)]
         if quick:
             continue
         out[f"w{bits}_g32 gptq+act"] = [GPTQModifier(config_groups=weight_scheme(bits),
@@ -229,25 +243,38 @@ def record(rows: dict, quick: bool, n_calib: int, n_eval: int, versions: dict, m
                 "reference_perplexity": rows["baseline"]["perplexity"],
                 "weights": "symmetric integer, groups of 32, every Linear but lm_head, "
                            "llm-compressor's grid (scale absmax / 7.5 at 4 bits, codes -8..7); "
-                           "GPTQ dampening 0.01, act-order off (gptq) or static (gptq+act)",
+                           "GPTQ dampening 0.01, actorder set in each recipe: None (gptq) or "
+                           "'static' (gptq+act); group scales from the unmodified weight "
+                           "before the column loop (modifiers/gptq/base.py:235, 313, 340-347)",
                 "w8a8": "llm-compressor's W8A8 scheme (INT8 per-channel weights, dynamic "
-                        "per-token INT8 activations), without and with SmoothQuant at 0.8 on "
-                        "its default Llama mappings"},
+                        "per-token INT8 activations), without and with SmoothQuant at 0.8 (the "
+                        "course's choice; llm-compressor's default is 0.5) on its default "
+                        "Llama mappings"},
             "figures": figures(rows), "rows": rows, "machine": machine}
 
 
+METHODS = ("rtn", "gptq", "gptq+act", "awq")
+
+
 def figures(rows: dict) -> dict:
-    """The figures the lessons quote, from the measured rows (full precision)."""
+    """The figures the lessons quote, from the measured rows (full precision): every method of
+    ``METHODS``, and any other weight recipe a record holds (such as a relabelled row, named
+    after what it ran), at W4 g32 (KL) and W3 g32 (perplexity)."""
     def get(name, key):
         return rows.get(name, {}).get(key)              # None: not run, or failed
-    return {"w4_g32_kl_nats": {m: get(f"w4_g32 {m}", "kl_nats")
-                               for m in ("rtn", "gptq", "gptq+act", "awq")},
+
+    def methods(prefix):
+        extra = [n[len(prefix):] for n in rows if n.startswith(prefix)
+                 and n[len(prefix):] not in METHODS]
+        return list(METHODS) + extra
+    return {"w4_g32_kl_nats": {m: get(f"w4_g32 {m}", "kl_nats") for m in methods("w4_g32 ")},
             "w3_g32_perplexity": {m: get(f"w3_g32 {m}", "perplexity")
-                                  for m in ("rtn", "gptq", "gptq+act", "awq")},
+                                  for m in methods("w3_g32 ")},
             "w8a8_int8_dynamic_per_token_kl_nats": {
                 "none": get("w8a8 none", "kl_nats"),
                 "smoothquant_0.8": get("w8a8 smoothquant_0.8", "kl_nats")},
-            "seconds_to_quantize": {m: get(f"w4_g32 {m}", "seconds") for m in ("gptq", "awq")}}
+            "seconds_to_quantize": {m: get(f"w4_g32 {m}", "seconds")
+                                    for m in methods("w4_g32 ") if m != "rtn"}}
 
 
 def main(argv=None) -> int:

@@ -34,6 +34,15 @@ Two deviations from llm-awq's reference code, both offered as options: blocks ar
 on the outputs of the blocks already quantized (``inputs="quantized"``, as GPTQ's code does;
 llm-awq feeds every block the unquantized model's activations, ``inputs="fp"``), and the
 default grid is symmetric (llm-awq's is asymmetric, with zero points: ``symmetric=False``).
+At INT3 the symmetric grid has 7 levels and the zero-point grid 8, so a zero-point gain mixes
+asymmetry with one more level; ``grid="llm-compressor"`` (absmax / 3.5, codes -4..3: 8 levels,
+a range centred on 0) separates the two (lesson 07).
+
+llm-compressor's ``AWQModifier`` (0.14.0.1, ``modifiers/transform/awq/``) is another variant:
+by default s = mean|x|^alpha / mean(w)^(1 - alpha) ("duo scaling", ``base.py:150``,
+``672-679``; mean(w): each input channel's mean of |w| over its group's largest |w|), no clipping
+search, and default Llama mappings that include v_proj -> o_proj (``mappings.py:44``), skipped
+where their sizes differ, as under grouped-query attention (``base.py:984-1013``).
 """
 from __future__ import annotations
 

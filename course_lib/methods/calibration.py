@@ -153,8 +153,10 @@ class Grid:
     - ``dequantize(codes, scale, second)``: the weight a layer computes with (stored params).
 
     ``up_front``: GPTQ takes every group's parameters from the original weight before the
-    column loop (llm-compressor), instead of from the updated columns when the loop reaches
-    the group (the paper's code and the course). Get one with :func:`get_grid`.
+    column loop (llm-compressor 0.14: ``modifiers/gptq/base.py:235, 313, 340-347``), instead of
+    from the updated columns when the loop reaches the group (the paper's code and the course).
+    llm-compressor pairs this with static act-order by default (``GPTQModifier.actorder``,
+    ``base.py:132, 154-158``). Get one with :func:`get_grid`.
     """
     name = "course"
     symmetric: bool | None = None        # None: the caller chooses (the course's grid)
@@ -214,7 +216,8 @@ class LLMCompressorGrid(Grid):
     scale = max|w| / ((2**bits - 1) / 2) (absmax / 7.5 at 4 bits), codes round(w / scale)
     clamped to -2**(bits-1)..2**(bits-1)-1 (-8..7 at 4 bits): the largest |w| of a group sits
     7.5 steps from 0, so a negative one reaches code -8 and a positive one rounds to 8 and is
-    clamped to 7. With GPTQ every group's scale is computed up front from the original weight
+    clamped to 7. At 3 bits: absmax / 3.5, codes -4..3, 8 levels (the course's symmetric INT3
+    has 7). With GPTQ every group's scale is computed up front from the original weight
     (``up_front``). An all-zero group gets scale 1 (codes 0)."""
     name, symmetric, up_front = "llm-compressor", True, True
 

@@ -8,7 +8,10 @@ Hessian H = 2 X X^T (in, in), the same for every row. The steps:
 
 1. H from calibration inputs (:func:`accumulate_hessian`), dampened by a fraction of its mean
    diagonal so it can be inverted; inputs that never fire (zero diagonal) are zeroed out.
-2. U = upper Cholesky factor of H^-1 (:func:`inverse_cholesky`).
+2. U = upper Cholesky factor of H^-1 (:func:`inverse_cholesky`): its rows are the successive
+   OBS steps' inverses, computed once; the paper chose this form for numerical stability
+   (section 4, "Step 3: Cholesky Reformulation"), since updating H^-1 column by column lets
+   rounding errors make it indefinite on large models.
 3. For each column j: quantize it, e = (w_j - q_j) / U[j, j], and subtract e * U[j, k] from
    every later column k (:func:`gptq_plain`, the loop lesson 06's exercise asks for).
 4. Lazy batches: the same updates, applied inside a block of columns at once and to the rest
@@ -16,7 +19,7 @@ Hessian H = 2 X X^T (in, in), the same for every row. The steps:
    matrix multiplications.
 5. Act-order: columns with the largest H diagonal (the busiest inputs) first; the group scales
    are then computed up front from the original weight, so each group keeps one scale whatever
-   the order (``act_order=True``).
+   the order (``act_order=True``; "static" act-order, llm-compressor 0.14's default).
 """
 from __future__ import annotations
 

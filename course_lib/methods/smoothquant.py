@@ -27,6 +27,14 @@ The division of x by s is free at run time when the layer that *produced* x abso
   must share one factor. :func:`gqa_share` takes the maxima over the heads that share a
   factor, :func:`gqa_expand` copies the K*head_dim factors out to o_proj's H*head_dim columns.
 
+llm-compressor's ``SmoothQuantModifier`` (0.14.0.1, ``modifiers/transform/smoothquant/base.py``)
+differs from the paper's formula in two details and one default: it takes each activation
+channel's range max - min over the calibration tokens instead of max|X| (lines 345-348), twice
+the largest |W| on the weight side (lines 404-415), and ``smoothing_strength`` 0.5 by default
+(line 107; lesson 08's 0.8 for llm-compressor is the course's choice, in
+``tools/llm_compressor_reference.py``). For a channel symmetric about 0 its s is
+2**(2 alpha - 1) times the paper's: equal at 0.5, about 1.5x at 0.8 (lesson 08 computes it).
+
 Taught by :func:`smoothing_factors`, :func:`fold_scales`, :func:`fold_groups`,
 :func:`smooth_model`.
 """
