@@ -13,11 +13,14 @@ them:
   ``s`` (Esser et al., "Learned Step Size Quantization", ICLR 2020). Its gradient with respect
   to ``s`` is ``round(w/s) - w/s`` inside the range and ``-qmax`` / ``+qmax`` below / above it,
   summed over the weights that share the step and multiplied by LSQ's gradient scale
-  ``1 / sqrt(n * qmax)`` (n weights per step), which keeps the step's updates in proportion
-  to the weights'.
-- :func:`clip_scale`: learned clipping (OmniQuant's "learnable weight clipping"): the step is
-  ``sigmoid(gamma) * max|w| / qmax`` with one learned ``gamma`` per group, so training can only
-  pull the range in from the absmax, never past it.
+  ``1 / sqrt(n * qmax)`` (n weights per step; the paper's N_W * Q_P, with one step per layer).
+  The paper set it for SGD, to keep the steps' relative updates near the weights'; under Adam
+  a constant factor on a gradient cancels, and the steps' learning rate (``scale_lr`` of
+  :func:`param_groups`) sets the balance instead (lesson 15 measures both).
+- :func:`clip_scale`: learned clipping, a symmetric one-factor version of OmniQuant's
+  "learnable weight clipping" (Shao et al. 2024, which learns one factor for the max and one
+  for the min): the step is ``sigmoid(gamma) * max|w| / qmax`` with one learned ``gamma`` per
+  group, so training can only pull the range in from the absmax, never past it.
 - :func:`ternary_absmean`: BitNet b1.58's weights, three levels ``{-1, 0, +1} * mean|W|``
   (one scale per tensor), with the plain straight-through gradient (the identity everywhere).
 - :class:`QATLinear` and :func:`prepare_qat`: a model's block Linears swapped for ones that
@@ -25,9 +28,15 @@ them:
   :func:`train_qat` (the loop that calls it, with a learning curve); :func:`freeze` turns the
   trained model into :class:`~course_lib.methods.calibration.GroupQuantLinear` layers whose
   integer codes the existing writers (``course_lib.export``) save.
-- :func:`tune_block` and :func:`blockwise_qat`: EfficientQAT / OmniQuant's idea on a model too
-  big to train whole on a CPU: one decoder block at a time, learn its steps (and optionally its
-  weights) so that its outputs on captured calibration activations match the float block's.
+- :func:`tune_block` and :func:`blockwise_qat`: block-wise reconstruction on a model too big
+  to train whole on a CPU, as in EfficientQAT's first phase (Block-AP: every parameter of a
+  block, weights and steps) and OmniQuant (which keeps the weights frozen and learns clipping
+  and equivalent transformations instead): one decoder block at a time, learn its steps (and
+  optionally its weights) so that its outputs on captured calibration activations match the
+  float block's. EfficientQAT's second phase (E2E-QP, the steps trained end to end with the
+  codes frozen) is not done here.
+- :data:`GGML_BLOCKS` / :func:`gguf_bits_per_weight`: the bits per weight of llama.cpp's
+  block formats that can hold a low-bit grid (Q4_0, Q2_0, TQ1_0, TQ2_0), from their layouts.
 
 ``python -m course_lib.qat_tables --model bundled`` and ``--model smollm2`` write the committed
 tables ``results/qat_bundled.json`` and ``results/qat_smollm2.json`` (that module sits a layer
@@ -51,9 +60,9 @@ from course_lib.methods import calibration as cal
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
 
 #: The ways a QATLinear learns its grid: "lsq" (a learned step per group, LSQ), "clip"
-#: (a learned clipping factor per group, OmniQuant's LWC), "ternary" (BitNet b1.58's absmean,
-#: one scale per tensor, nothing learned but the weights), "fixed" (the absmax step of
-#: round-to-nearest, recomputed from the weights at every step: plain STE).
+#: (a learned clipping factor per group, a symmetric form of OmniQuant's LWC), "ternary"
+#: (BitNet b1.58's absmean, one scale per tensor, nothing learned but the weights), "fixed"
+#: (the absmax step of round-to-nearest, recomputed from the weights at every step: plain STE).
 MODES = ("lsq", "clip", "ternary", "fixed")
 
 
@@ -179,7 +188,8 @@ def fake_quant_lsq(w: torch.Tensor, scale: torch.Tensor, bits: int,
 
 
 def clip_scale(w_groups: torch.Tensor, gamma: torch.Tensor, bits: int) -> torch.Tensor:
-    """Learned clipping's step: ``sigmoid(gamma) * max|w| / qmax`` per group (OmniQuant's LWC).
+    """Learned clipping's step: ``sigmoid(gamma) * max|w| / qmax`` per group (OmniQuant's LWC
+    in symmetric form: one learned factor on the absmax, where LWC learns one each for max, min).
 
     w_groups (..., G, gs), gamma (..., G, 1): a step (..., G, 1). gamma = +inf is round-to-
     nearest's absmax step; training can only shrink the range (sigmoid < 1)."""
@@ -206,13 +216,22 @@ class QATLinear(nn.Module):
     ``gamma`` (out, G, 1) started at ``clip_init`` (sigmoid(4) = 0.982 of the absmax); "fixed"
     recomputes the absmax step from the weights each time; "ternary" uses one absmean scale.
     At step 0, "lsq" and "fixed" give exactly round-to-nearest's weight.
+
+    ``grad_scale`` ("lsq" only): the factor on the step's gradient; None is LSQ's
+    ``1 / sqrt(group_size * qmax)``, 1.0 switches it off (lesson 15 compares the two).
     """
 
     def __init__(self, linear: nn.Linear, bits: int = 4, group_size: int = 32, mode: str = "lsq",
-                 train_weight: bool = True, clip_init: float = 4.0):
+                 train_weight: bool = True, clip_init: float = 4.0,
+                 grad_scale: float | None = None):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+        if grad_scale is not None:
+            if mode != "lsq":
+                raise ValueError(f"grad_scale applies to the learned step of mode 'lsq' only; "
+                                 f"mode {mode!r} has no step gradient to scale")
+            grad_scale = check_positive("grad_scale", grad_scale)
         self.out_features, self.in_features = linear.weight.shape
         self.mode = mode
         self.bits = None if mode == "ternary" else check_bits(bits)
@@ -223,6 +242,7 @@ class QATLinear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float().clone(),
                                                                   requires_grad=train_weight)
         G = self.in_features // self.group_size
+        self.grad_scale = grad_scale
         if mode == "lsq":
             amax = w.view(self.out_features, G, self.group_size).abs().amax(-1, keepdim=True)
             step = torch.where(amax == 0, torch.ones_like(amax), amax / qmax_of(bits))
@@ -251,7 +271,9 @@ class QATLinear(nn.Module):
             return ternary_absmean(self.weight)[0]
         wg, s = self.groups(), self.scale()                                  # (out, G, gs), (out, G, 1)
         if self.mode == "lsq":
-            wq = fake_quant_lsq(wg, s, self.bits, lsq_grad_scale(self.group_size, self.bits))
+            g = lsq_grad_scale(self.group_size, self.bits) if self.grad_scale is None \
+                else self.grad_scale
+            wq = fake_quant_lsq(wg, s, self.bits, g)
         elif self.mode == "clip":
             wq = LSQFakeQuant.apply(wg, s, qmax_of(self.bits), 1.0)          # gradient reaches gamma
         else:
@@ -518,8 +540,8 @@ def tune_block(block: nn.Module, x: torch.Tensor, target: torch.Tensor, cos, sin
                group_size: int, mode: str = "lsq", steps: int = 20, lr: float = 1e-5,
                scale_lr: float = 1e-3, batch: int = 2, train_weight: bool = True,
                seed: int = 0) -> list[float]:
-    """EfficientQAT's block-wise step on one decoder block, in place (lesson 15): swap its
-    Linears for :class:`QATLinear` (started at round-to-nearest), then train the steps (and
+    """EfficientQAT's block-wise phase (Block-AP) on one decoder block, in place (lesson 15):
+    swap its Linears for :class:`QATLinear` (started at round-to-nearest), then train the steps (and
     the weights, if ``train_weight``) for ``steps`` steps on batches of ``batch`` calibration
     windows so that ``block(x)`` matches ``target`` (the float block's outputs), x (n, T, D).
     Returns the loss of every step (relative MSE)."""
@@ -613,11 +635,37 @@ def label(bits) -> str:
 
 
 def bits_per_weight(bits, group_size: int) -> float:
-    """Storage per weight: codes + a 16-bit step per group; ternary: log2(3) bits (the
-    information in three levels; files that hold it use 1.6-2 bits) and one scale per tensor."""
+    """Storage per weight at an ideal packing: codes + a 16-bit step per group; ternary:
+    log2(3) bits (the information in a trit, one scale per tensor neglected). What real files
+    charge is :func:`gguf_bits_per_weight` (ternary: TQ1_0 1.6875, TQ2_0 2.0625)."""
     if bits == "ternary":
         return math.log2(3)
     return bits + 16 / group_size
+
+
+#: llama.cpp block formats that can hold a symmetric low-bit grid, as laid out in
+#: ``ggml/src/ggml-common.h`` of the llama.cpp vendored in the llama-cpp-python 0.3.36 sdist
+#: (QK_K = 256 at line 89): name -> (weights per block, {field: bytes}). Q4_0 (lines 194-199):
+#: ``d`` (fp16) and ``qs[QK4_0 / 2]``, QK4_0 = 32; Q2_0 (lines 187-192): ``d`` and
+#: ``qs[QK2_0 / 4]``, QK2_0 = 64, codes -1..2; TQ1_0 (lines 275-281):
+#: ``qs[(QK_K - 4 * QK_K / 64) / 5]`` (5 trits per byte, 3^5 = 243 < 256), ``qh[QK_K / 64]``
+#: (4 trits per byte) and ``d``; TQ2_0 (lines 283-288): ``qs[QK_K / 4]`` (2 bits per trit)
+#: and ``d``. Each struct's size is pinned there by a static_assert.
+GGML_BLOCKS = {
+    "Q4_0": (32, {"d": 2, "qs": 32 // 2}),
+    "Q2_0": (64, {"d": 2, "qs": 64 // 4}),
+    "TQ1_0": (256, {"qs": (256 - 4 * 256 // 64) // 5, "qh": 256 // 64, "d": 2}),
+    "TQ2_0": (256, {"qs": 256 // 4, "d": 2}),
+}
+
+
+def gguf_bits_per_weight(name: str) -> float:
+    """Bits per weight of a llama.cpp block format of :data:`GGML_BLOCKS`: the bytes of its
+    fields times 8 over the weights per block (TQ1_0: 54 bytes per 256 = 1.6875)."""
+    if name not in GGML_BLOCKS:
+        raise ValueError(f"unknown block format {name!r}; known: {', '.join(GGML_BLOCKS)}")
+    n, fields = GGML_BLOCKS[name]
+    return 8 * sum(fields.values()) / n
 
 
 def results_path(model_name: str) -> Path:

@@ -115,6 +115,30 @@ def test_lsq_broadcast_step_gradient_sums_per_group():
             assert float(s.grad[i, j, 0]) == pytest.approx(float(expect), abs=1e-12)
 
 
+def test_qat_linear_grad_scale_default_is_lsqs_and_1_switches_it_off():
+    lin = nn.Linear(64, 8, bias=False)
+    torch.nn.init.normal_(lin.weight, generator=_gen(7))
+    x = torch.randn(16, 64, generator=_gen(8))
+    grads = {}
+    for gs in (None, 1.0):
+        q = qat.QATLinear(lin, 3, 32, "lsq", grad_scale=gs)
+        q(x).pow(2).sum().backward()
+        grads[gs] = q.step.grad.clone()
+    g = qat.lsq_grad_scale(32, 3)                                            # 1/sqrt(32 * 3)
+    assert torch.allclose(grads[None], grads[1.0] * g, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("mode, gs, match", [
+    ("lsq", 0.0, "grad_scale must be a positive number"),
+    ("lsq", float("nan"), "grad_scale must be a positive number"),
+    ("clip", 1.0, "grad_scale applies to the learned step of mode 'lsq' only"),
+    ("ternary", 0.5, "grad_scale applies to the learned step of mode 'lsq' only"),
+])
+def test_qat_linear_refuses_a_grad_scale_it_cannot_use(mode, gs, match):
+    with pytest.raises(ValueError, match=match):
+        qat.QATLinear(nn.Linear(64, 8), 3, 32, mode, grad_scale=gs)
+
+
 # ----------------------------------------------------------------------------- learned clipping
 def test_learned_clipping_step_and_its_gradient_by_finite_differences():
     wg = torch.randn(6, 4, 16, dtype=torch.float64, generator=_gen(7))
@@ -336,3 +360,20 @@ def test_the_export_only_rerun_is_for_smollm2_only():
     from course_lib import qat_tables
     with pytest.raises(SystemExit):
         qat_tables.main(["--model", "bundled", "--export-only"])
+
+
+# ----------------------------------------------------------------------------- file formats
+def test_gguf_block_sizes_match_the_gguf_package():
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    for name in ("Q4_0", "TQ1_0", "TQ2_0"):                  # Q2_0 is newer than gguf 0.19
+        n, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+        assert qat.GGML_BLOCKS[name][0] == n
+        assert sum(qat.GGML_BLOCKS[name][1].values()) == nbytes
+        assert qat.gguf_bits_per_weight(name) == 8 * nbytes / n
+    assert qat.gguf_bits_per_weight("TQ1_0") == 1.6875 and qat.gguf_bits_per_weight("TQ2_0") == 2.0625
+    assert qat.gguf_bits_per_weight("Q2_0") == 2.25
+
+
+def test_gguf_bits_per_weight_names_the_formats_it_knows():
+    with pytest.raises(ValueError, match="unknown block format 'Q3_K'; known: Q4_0, Q2_0, TQ1_0"):
+        qat.gguf_bits_per_weight("Q3_K")
