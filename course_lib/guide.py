@@ -299,10 +299,14 @@ def choose_scheme(limit: str, gpu: str, params: float, batch: int = 1,
     - ``memory``: 8 bits when 8-bit weights have room ("fp8_w8a8" where FP8 maths is native,
       else "w8a16"), otherwise "w4a16";
     - ``decode`` (tokens/s of a batch of at most a few dozen users, memory-bound): "w4a16"
-      when 8-bit weights have no room; otherwise the course's measurement decides, not the
-      byte count: on the H200 its W8A8 kernels ran the 70B-sized layer 1.68x faster than
-      BF16 at batch 1 (1.62x at 16) while its W4A16 kernel ran 0.62x (0.87x): "fp8_w8a8"
-      where FP8 maths is native, else "int8_w8a8" where INT8 is, else "w8a16";
+      when 8-bit weights have no room; otherwise "fp8_w8a8" where FP8 maths is native, else
+      "int8_w8a8" where INT8 is, else "w8a16". That branch rests on ONE measurement: the
+      course's first, untuned Triton kernels on one H200 (``bench_cuda_nvidia_h200_quick.json``,
+      the 70B-sized layer of :data:`DECODE_SHAPE`): W8A8 1.68x BF16 at batch 1 (1.62x at 16),
+      W4A16 0.62x (0.87x). Serving practice with tuned kernels says otherwise for
+      latency-bound decode: Kurtic et al. (arXiv:2411.02355, vLLM with Marlin W4A16 kernels)
+      find W4A16 the most cost-efficient for synchronous (latency-bound) serving and W8A8 for
+      asynchronous continuous batching on high-end GPUs; see :data:`DECODE_PRACTICE`;
     - ``prefill`` (long prompts, big batches: compute-bound): "fp8_w8a8" where FP8 maths is
       native, else "int8_w8a8" where INT8 maths is, else "bf16".
     """
@@ -326,6 +330,14 @@ def choose_scheme(limit: str, gpu: str, params: float, batch: int = 1,
             return "w4a16", kv_cache
         return ("fp8_w8a8" if fp8 else "int8_w8a8" if int8 else "w8a16"), kv_cache
     return ("fp8_w8a8" if fp8 else ("int8_w8a8" if int8 else "bf16")), kv_cache
+
+
+#: What serving practice with tuned kernels finds for decode, beside the course's own
+#: untuned measurement that :func:`choose_scheme` follows (lesson 12).
+DECODE_PRACTICE = ("Kurtic et al., 'Give Me BF16 or Give Me Death' (arXiv:2411.02355, abstract; "
+                   "vLLM, Marlin W4A16 kernels): W4A16 is the most cost-efficient for "
+                   "synchronous (latency-bound) serving, W8A8 for asynchronous continuous "
+                   "batching of mid and large models on high-end GPUs")
 
 
 def _fmt_x(v) -> str:
@@ -430,8 +442,11 @@ def recommend(limit: str, gpu: str, params: float, results: dict | None = None,
                         + ", ".join(f"{k} {v:.2f}x" for k, v in measured.items() if k != "batch")
                         + f" BF16; {rebuild}")
         if scheme != "w4a16":
-            reasons.append("decode speed follows the course's measurement, not the byte count: "
-                           "its W8A8 kernels beat BF16 at decode while its 4-bit kernel did not")
+            reasons.append("decode: this rule follows ONE measurement, the course's first, "
+                           "untuned Triton kernels on one H200 (its W8A8 kernels beat BF16 at "
+                           "decode, its 4-bit kernel did not); with tuned kernels serving "
+                           "practice differs: " + DECODE_PRACTICE + ". For latency-bound "
+                           "decode with vLLM's Marlin kernels, measure W4A16 before taking this")
     if scheme == "w4a16":
         reasons.append("4-bit weights with group-128 scales: 4.125 bits per weight, about a "
                        "quarter of BF16's bytes; GPTQ or AWQ, not round-to-nearest")
@@ -532,8 +547,11 @@ SERVING = [
                 "the KV cache in FP8: half the bytes per token, about twice the tokens fit. This "
                 "checkpoint carries no KV scales, and then vLLM uses a scale of 1.0 for keys and "
                 "values (fine while they stay within E4M3's range, lossy for outlier channels; "
-                "lesson 11 calibrates them): a checkpoint with calibrated k/v scales, or "
-                "--calculate-kv-scales, does better.",
+                "lesson 11 calibrates them). --calculate-kv-scales estimates them once from a "
+                "warm-up batch; a checkpoint calibrated on a dataset (llm-compressor) is what "
+                "vLLM's Quantized KV Cache page recommends. With the FlashAttention 3 backend "
+                "(Hopper) the queries are quantized to FP8 too and attention runs in FP8: more "
+                "than a storage change.",
      "look_for": "'GPU KV cache size: N tokens' and 'Maximum concurrency for ... tokens per "
                  "request': N roughly doubles"},
     {"engine": "vLLM",
@@ -550,7 +568,11 @@ SERVING = [
      "changes": "the same checkpoint in SGLang, which also reads the scheme from config.json; "
                 "its flag names the FP8 variant of the cache explicitly (E4M3: 3 mantissa bits; "
                 "fp8_e5m2 is the other choice, more range and less precision): half the cache "
-                "bytes, so about twice the tokens in the pool.",
+                "bytes, so about twice the tokens in the pool. Without scales in the checkpoint "
+                "(or --quantization-param-path) SGLang uses 1.0, 'which may cause accuracy "
+                "issues' (its Quantized KV Cache page), and the attention backend must have a "
+                "fused FP8-cache path or decode slows down. Its INT8 cache (--int8-kv-cache, "
+                "per token and head) is phase 1: MHA models, the Triton backend, --page-size 1.",
      "look_for": "the start-up line that reports the KV-cache pool ('KV Cache is allocated. "
                  "#tokens: N'): N roughly doubles"},
     {"engine": "llama.cpp",
@@ -650,6 +672,6 @@ def quiz_answer(question: str) -> str:
 __all__ = ["RESULTS_DIR", "MODELS", "LIMITS", "SCHEMES", "load_results", "newest_bench", "gpu_bench",
            "bench_ratio", "decode_ratio", "best_swept", "summary_rows", "find_row", "format_summary",
            "support_rows", "format_support", "choose_scheme", "choose_kv_cache", "kv_bytes_per_token_for",
-           "KV_FP8_SHARE", "KV_SHAPE_MODELS", "DECODE_BATCHES", "decode_evidence", "swept_activation_prep_ms",
+           "KV_FP8_SHARE", "KV_SHAPE_MODELS", "DECODE_BATCHES", "DECODE_PRACTICE", "decode_evidence", "swept_activation_prep_ms",
            "recommend", "loaded_weights_gib", "Q8_0_BITS", "SERVING", "LLM_COMPRESSOR_RECIPE", "serving_text",
            "QUIZ", "quiz_answer"]

@@ -10,22 +10,31 @@ the cache in fewer bits. The formats here, all selectable per run:
                fixed (vLLM's ``--kv-cache-dtype fp8`` with calibrated scales)
 ``fp8_head``   FP8 E4M3 with one calibrated scale per layer and KV head
 ``int8``       INT8 with one scale per token and head, computed as each token is stored
-``kivi4``      KIVI-style 4-bit: keys per channel (groups of 32 tokens), values per token
-               (groups of 32 channels), asymmetric (scale and minimum in fp16); the most
-               recent ``window`` tokens (128 by default) kept in BF16
+``kivi4``      KIVI 4-bit: keys per channel (groups of 32 tokens), values per token
+               (groups of 32 channels), asymmetric (scale and minimum in fp16), with KIVI's
+               full-precision residual of R = ``window`` tokens (128 by default): values keep
+               the last R tokens in BF16, keys are quantized R tokens at a time, so
+               ``n mod R`` of them (0 to R - 1) are in BF16
 ``kivi2``      the same in 2 bits
 ======== ================================================================================
 
 Two ways to run a model with one of them (``model.py`` hands attention to any cache that has
 an ``attend`` method):
 
-- :class:`QuantizedKVCache`: the real thing. Codes, scales and the BF16 window are stored
+- :class:`QuantizedKVCache`: the real thing. Codes, scales and the BF16 part are stored
   (KIVI codes packed 2 or 4 per byte); every new token is appended, and tokens leaving the
-  window are quantized. ``cache.nbytes()`` is what it holds, byte for byte.
+  full-precision part are quantized. ``cache.nbytes()`` is what it holds, byte for byte.
 - :class:`PerQueryEmulation`: scores a whole window in one forward pass. For each query,
-  keys and values older than the recent window are quantized and newer ones are BF16,
-  exactly the state the real cache is in when that token is decoded. Decoding token by token
-  with the real cache gives the same logits (``tests/test_kv.py`` checks it).
+  the keys and values the real cache holds quantized when that token is decoded are read
+  quantized and the others in BF16. Decoding token by token with the real cache gives the
+  same logits (``tests/test_kv.py`` checks it).
+
+KIVI's residual follows its reference code (github.com/jy-yuan/KIVI, ``models/llama_kivi.py``,
+``LlamaAttention_KIVI.forward``): at prefill, keys keep the last ``l mod R`` tokens in full
+precision and values the last R; at each decode step the new token is attended in full
+precision first, then keys are quantized once R of them have gathered, and the oldest value
+beyond R is quantized. FP8 and INT8 tokens are quantized as they are stored, before they are
+attended (as an engine writes its cache and then reads it).
 
 Shape letters: B batch, K KV heads, H query heads, S cached tokens, T new tokens, hd head size.
 Everything is first rounded to BF16 (the model's 16-bit cache); quantized formats quantize
@@ -46,7 +55,7 @@ import torch.nn.functional as F
 FP8_MAX = 448.0          # largest FP8 E4M3 value (lesson 01)
 SCALE_BYTES = 2          # INT8 and KIVI scales (and KIVI minima) are stored in fp16
 FIXED_SCALE_BYTES = 4    # FP8's calibrated scales are fp32, one per layer (and head)
-DEFAULT_WINDOW = 128     # KIVI's full-precision recent window (tokens)
+DEFAULT_WINDOW = 128     # KIVI's residual length R: full-precision tokens (tokens)
 DEFAULT_GROUP = 32       # KIVI's group size
 
 
@@ -55,7 +64,8 @@ DEFAULT_GROUP = 32       # KIVI's group size
 class KVFormat:
     """How a cache stores keys and values (lesson 11).
 
-    ``window``: the most recent tokens kept in BF16. ``group``: KIVI's group (tokens for
+    ``window``: for FP8 and INT8, the most recent tokens kept in BF16 (0 by default); for KIVI,
+    the residual length R (see :meth:`quantized_counts`). ``group``: KIVI's group (tokens for
     keys, channels for values); 1 for the other formats. ``per_head``: FP8 scale per head.
     """
     name: str
@@ -65,16 +75,33 @@ class KVFormat:
     group: int = 1
     per_head: bool = False
 
-    def quantized_count(self, n_tokens: int) -> int:
-        """How many of ``n_tokens`` cached tokens are quantized (the oldest ones).
+    def quantized_counts(self, n_tokens: int) -> tuple[int, int]:
+        """(keys, values): how many of ``n_tokens`` stored tokens are held quantized (the
+        oldest ones) once the cache has stored them.
 
-        Tokens older than the window are quantized in whole groups (a key group is 32
-        consecutive tokens of one channel), so the BF16 part holds ``window`` to
-        ``window + group - 1`` tokens once the context is longer than the window.
+        FP8 and INT8: every token older than ``window`` (0 by default: all of them), keys and
+        values alike. KIVI, as its reference code keeps them (R = ``window``): values keep the
+        last R tokens in BF16, ``max(n - R, 0)`` quantized; keys are quantized R tokens at a
+        time (in per-channel groups of ``group`` tokens), ``n - n mod R`` of them, so 0 to
+        R - 1 keys are in BF16. With R = 128: 100 tokens -> (0, 0); 128 -> (128, 0); 200 ->
+        (128, 72); 256 -> (256, 128). With ``window=0`` keys go in whole groups, values all.
         """
+        if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 0:
+            raise ValueError(f"n_tokens must be a whole number >= 0; got {n_tokens!r}")
         if self.kind == "bf16":
-            return 0
-        return max(n_tokens - self.window, 0) // self.group * self.group
+            return 0, 0
+        values = max(n_tokens - self.window, 0)
+        if self.kind != "kivi":
+            return values, values
+        chunk = self.window or self.group
+        return n_tokens // chunk * chunk, values
+
+    def read_counts(self, position: int) -> tuple[int, int]:
+        """(keys, values) that the query at ``position`` reads quantized when it is decoded
+        token by token: FP8 and INT8 store the new token first (:meth:`quantized_counts` of
+        ``position + 1``); KIVI attends first and quantizes after (:meth:`quantized_counts`
+        of ``position``: the query's own key and value are always read in BF16)."""
+        return self.quantized_counts(position if self.kind == "kivi" else position + 1)
 
 
 FORMAT_NAMES = ("bf16", "fp8_tensor", "fp8_head", "int8", "kivi4", "kivi2")
@@ -84,8 +111,9 @@ LIVE_FORMATS = ("fp8_tensor", "int8", "kivi2")   # what lesson 11 recomputes liv
 def get_format(name, window: int | None = None, group: int = DEFAULT_GROUP) -> KVFormat:
     """The :class:`KVFormat` called ``name`` (one of :data:`FORMAT_NAMES`); lesson 11.
 
-    ``window`` defaults to 128 for KIVI and 0 (every token quantized) for FP8 and INT8.
-    ``group`` applies to KIVI only.
+    ``window`` defaults to 128 for KIVI (its residual length R, a multiple of ``group``, as
+    KIVI's code asserts) and 0 (every token quantized) for FP8 and INT8. ``group`` applies to
+    KIVI only.
     """
     if isinstance(name, KVFormat):
         return name
@@ -109,6 +137,10 @@ def get_format(name, window: int | None = None, group: int = DEFAULT_GROUP) -> K
     if group % (8 // bits):
         raise ValueError(f"group {group} must be a multiple of {8 // bits} so {bits}-bit codes "
                          f"pack whole bytes")
+    if window % group:
+        raise ValueError(f"{name}: the residual window {window} must be a multiple of the group "
+                         f"{group} (keys are quantized {window} tokens at a time, in groups of "
+                         f"{group} tokens per channel); try window={max(window // group, 1) * group}")
     return KVFormat(name, "kivi", bits, window, group)
 
 
@@ -127,13 +159,15 @@ def cache_bytes(fmt, layers: int, kv_heads: int, head_dim: int, tokens: int,
 
     Codes, scales (and KIVI's minima) and the BF16 window, for ``batch`` sequences, plus
     FP8's fixed calibrated scales (fp32, per layer, or per layer and head). Per layer and
-    head, with Q quantized tokens and F = tokens - Q in BF16:
+    head, with Qk keys and Qv values quantized (:meth:`KVFormat.quantized_counts`; Qk = Qv =
+    Q except for KIVI) and the others in BF16:
 
     - bf16: ``2 x tokens x hd x 2``
-    - fp8:  ``2 x Q x hd x 1 + 2 x F x hd x 2``
-    - int8: ``2 x Q x (hd + 2) + 2 x F x hd x 2``    (one fp16 scale per token and head)
-    - kivi: ``2 x Q x hd x bits / 8 + Q x hd / G x 4 (keys: scale+min per channel per G
-      tokens) + Q x hd / G x 4 (values: per token per G channels) + 2 x F x hd x 2``
+    - fp8:  ``2 x Q x hd x 1 + 2 x (tokens - Q) x hd x 2``
+    - int8: ``2 x Q x (hd + 2) + 2 x (tokens - Q) x hd x 2``  (one fp16 scale per token and head)
+    - kivi: ``(Qk + Qv) x hd x bits / 8 + Qk x hd / G x 4 (keys: scale+min per channel per G
+      tokens) + Qv x hd / G x 4 (values: per token per G channels) + (2 x tokens - Qk - Qv)
+      x hd x 2``
     """
     fmt = get_format(fmt)
     check_head_dim(fmt, head_dim)
@@ -143,17 +177,17 @@ def cache_bytes(fmt, layers: int, kv_heads: int, head_dim: int, tokens: int,
             raise ValueError(f"{what} must be a whole number >= 1, got {x!r}")
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
         raise ValueError(f"tokens must be a whole number >= 0, got {tokens!r}")
-    Q = fmt.quantized_count(tokens)
-    full = 2 * (tokens - Q) * head_dim * 2                     # K and V of the BF16 tokens
+    Qk, Qv = fmt.quantized_counts(tokens)
+    full = (2 * tokens - Qk - Qv) * head_dim * 2               # K and V of the BF16 tokens
     if fmt.kind == "bf16":
         quant = 0
     elif fmt.kind == "fp8":
-        quant = 2 * Q * head_dim
+        quant = (Qk + Qv) * head_dim
     elif fmt.kind == "int8":
-        quant = 2 * Q * (head_dim + SCALE_BYTES)
+        quant = (Qk + Qv) * (head_dim + SCALE_BYTES)
     else:
         per_group = 2 * SCALE_BYTES                            # fp16 scale + fp16 minimum
-        quant = 2 * Q * head_dim * fmt.bits // 8 + 2 * (Q * head_dim // fmt.group) * per_group
+        quant = (Qk + Qv) * head_dim * fmt.bits // 8 + (Qk + Qv) * head_dim // fmt.group * per_group
     per_head = layers * kv_heads * batch * (quant + full)
     fixed = 0
     if fmt.kind == "fp8":
@@ -169,7 +203,7 @@ def bytes_per_token(fmt, layers: int, kv_heads: int, head_dim: int, tokens: int)
 
 
 def bits_per_value(fmt, head_dim: int) -> float:
-    """Bits per cached value far from the window, scales included (lesson 11).
+    """Bits per cached value far from the BF16 part, scales included (lesson 11).
 
     bf16 16, fp8 8, int8 8 + 16/hd, kivi ``bits + 32/group`` (an fp16 scale and minimum per
     group, for keys and values alike): KIVI-2 with groups of 32 costs 3 bits, not 2. Pass it
@@ -327,6 +361,30 @@ def kivi_dequantize_values(d: dict, bits: int) -> torch.Tensor:
     return x.flatten(-2)                                                  # (B, K, S, hd)
 
 
+def quantize_part(fmt: KVFormat, x16, part: str, scale=None) -> dict:
+    """Quantize BF16-rounded keys (``part="k"``) or values (``"v"``) (B, K, n, hd) leaving the
+    BF16 part of the cache. KIVI keys need n to be a multiple of the group."""
+    if fmt.kind == "fp8":
+        return {"c": quantize_fp8(x16, scale)}
+    if fmt.kind == "int8":
+        q, s = quantize_int8_per_token(x16)
+        return {"c": q, "s": s}
+    if part == "k":
+        return kivi_quantize_keys(x16, fmt.bits, fmt.group)
+    return kivi_quantize_values(x16, fmt.bits, fmt.group)
+
+
+def dequantize_part(fmt: KVFormat, d: dict, part: str, scale=None) -> torch.Tensor:
+    """The inverse of :func:`quantize_part`: fp32 (B, K, n, hd)."""
+    if fmt.kind == "fp8":
+        return dequantize_fp8(d["c"], scale)
+    if fmt.kind == "int8":
+        return dequantize_int8_per_token(d["c"], d["s"])
+    if part == "k":
+        return kivi_dequantize_keys(d, fmt.bits)
+    return kivi_dequantize_values(d, fmt.bits)
+
+
 def quantize_block(fmt: KVFormat, k16, v16, k_scale=None, v_scale=None) -> dict:
     """Quantize BF16-rounded keys and values (B, K, n, hd) of tokens leaving the window.
     For KIVI, n must be a multiple of the group. Returns the stored tensors by name."""
@@ -354,8 +412,10 @@ def dequantize_block(fmt: KVFormat, d: dict, k_scale=None, v_scale=None):
 
 def fake_quantize_kv(fmt, k, v, k_scale=None, v_scale=None):
     """Every token's key and value as the cache would return it once quantized: (kq, vq),
-    fp32 (B, K, S, hd). KIVI keys are quantized in whole groups of tokens from position 0; a
-    trailing partial group is returned in BF16 (no query ever sees it quantized)."""
+    fp32 (B, K, S, hd). KIVI keys are quantized in whole groups of tokens from position 0 (the
+    real cache quantizes them R tokens at a time, R a multiple of the group, so its groups
+    start at the same positions); a trailing partial group is returned in BF16 (no query
+    ever sees it quantized)."""
     fmt = get_format(fmt)
     k16, v16 = to_bf16(k), to_bf16(v)
     if fmt.kind == "bf16":
@@ -367,17 +427,21 @@ def fake_quantize_kv(fmt, k, v, k_scale=None, v_scale=None):
 
 
 # ----------------------------------------------------------------------------- attention
-def attention(q, k, v, q_pos, kq=None, vq=None, n_quant=None):
+def attention(q, k, v, q_pos, kq=None, vq=None, n_quant=None, n_quant_v=None):
     """Causal grouped-query attention of queries at absolute positions ``q_pos`` (lesson 11).
 
     q (B, H, T, hd); k, v (B, K, S, hd); q_pos (T,) int64. With ``kq``, ``vq`` (quantized
     copies of k, v) and ``n_quant`` (T,), query i reads keys/values ``j < n_quant[i]`` from
     the quantized copies and the others from k, v: the per-query emulation. It is one
     attention over both copies side by side, [kq | k], with a mask that lets each query see
-    each token once, from the copy it would read. Returns (B, H, T, hd) in fp32 (fp64 for
-    fp64 inputs).
+    each token once, from the copy it would read. ``n_quant_v`` (T,), when it differs from
+    ``n_quant``: query i reads values ``j < n_quant_v[i]`` quantized and keys ``j <
+    n_quant[i]`` (KIVI, whose keys and values leave full precision at different times).
+    Returns (B, H, T, hd) in fp32 (fp64 for fp64 inputs).
     """
     dt = torch.promote_types(q.dtype, torch.float32)   # fp32, or fp64 in exactness tests
+    if n_quant_v is not None and kq is not None and not torch.equal(n_quant_v, n_quant):
+        return _attention_split_counts(q, k, v, q_pos, kq, vq, n_quant, n_quant_v, dt)
     S = k.shape[2]
     cols = torch.arange(S, device=q.device)
     allowed = cols[None, :] <= q_pos[:, None]                              # (T, S) causal
@@ -387,6 +451,29 @@ def attention(q, k, v, q_pos, kq=None, vq=None, n_quant=None):
         k, v = torch.cat([kq, k], 2), torch.cat([vq, v], 2)                # (B, K, 2S, hd)
     return F.scaled_dot_product_attention(q.to(dt), k.to(dt), v.to(dt), attn_mask=allowed,
                                           enable_gqa=True)                 # (B, H, T, hd)
+
+
+def _attention_split_counts(q, k, v, q_pos, kq, vq, nk, nv, dt, chunk: int = 256):
+    """:func:`attention` when keys and values switch to their quantized copies at different
+    positions: scores from [kq | k] per key, weights applied to [vq | v] per value, written
+    out (a few hundred queries at a time, to bound memory)."""
+    B, H, T, hd = q.shape
+    plain = int(((nk == 0) & (nv == 0)).sum())         # a prefix: counts grow with the position
+    out = [attention(q[:, :, :plain], k, v, q_pos[:plain])] if plain else []  # as the BF16 cache
+    rep = H // k.shape[1]
+    k, v, kq, vq = (x.to(dt).repeat_interleave(rep, 1) for x in (k, v, kq, vq))  # (B, H, S, hd)
+    S = k.shape[2]
+    cols = torch.arange(S, device=q.device)
+    for a in range(plain, T, chunk):
+        qs = q[:, :, a:a + chunk].to(dt) / math.sqrt(hd)                    # (B, H, t, hd)
+        pos, ki, vi = q_pos[a:a + chunk], nk[a:a + chunk], nv[a:a + chunk]
+        use_kq = cols[None, :] < ki[:, None]                                 # (t, S)
+        s = torch.where(use_kq, qs @ kq.transpose(-1, -2), qs @ k.transpose(-1, -2))
+        s = s.masked_fill(~(cols[None, :] <= pos[:, None]), float("-inf"))
+        p = torch.softmax(s, -1)                                             # (B, H, t, S)
+        use_vq = (cols[None, :] < vi[:, None]).to(dt)                        # (t, S)
+        out.append((p * use_vq) @ vq + (p * (1 - use_vq)) @ v)
+    return torch.cat(out, 2)                                                 # (B, H, T, hd)
 
 
 # ----------------------------------------------------------------------------- online softmax
@@ -509,10 +596,13 @@ class QuantizedKVCache:
     """The model's KV cache stored in ``fmt`` (lesson 11): pass it to ``model(ids, cache)`` or
     ``model.generate(..., cache=QuantizedKVCache(...))``.
 
-    Per layer it holds the quantized tokens' codes and scales and a BF16 tail (the recent
-    window). FP8 needs ``scales`` from :func:`calibrate`. A chunk of several new tokens
-    (a prompt) is stored first and then attended to, so every query of the chunk sees the
-    cache as it stands after the chunk; token-by-token decode sees exactly what
+    Per layer it holds the quantized keys' and values' codes and scales and a BF16 tail of
+    each (the recent tokens; for KIVI the two tails differ in length, see
+    :meth:`KVFormat.quantized_counts`). FP8 needs ``scales`` from :func:`calibrate`. FP8 and
+    INT8 quantize new tokens as they are stored, then attend; KIVI attends with the new
+    tokens in BF16 and quantizes afterwards, as its reference code does. A chunk of several
+    new tokens (a prompt) is stored first and then attended to, so every query of the chunk
+    sees the cache as it stands after the chunk; token-by-token decode sees exactly what
     :class:`PerQueryEmulation` models.
     """
 
@@ -529,44 +619,52 @@ class QuantizedKVCache:
         else:
             self.scales = None
         L = self.config.num_hidden_layers
-        self.quant: list[dict | None] = [None] * L      # stored codes and scales
-        self.n_quant = [0] * L
-        self.tail_k: list[torch.Tensor | None] = [None] * L   # (B, K, t, hd) bf16
-        self.tail_v: list[torch.Tensor | None] = [None] * L
+        # per part ("k", "v") and layer: stored codes and scales, their count, the BF16 tail
+        self.quant: dict[str, list[dict | None]] = {"k": [None] * L, "v": [None] * L}
+        self.n_quant: dict[str, list[int]] = {"k": [0] * L, "v": [0] * L}
+        self.tail: dict[str, list[torch.Tensor | None]] = {"k": [None] * L, "v": [None] * L}
 
     def layer_length(self, layer: int) -> int:
-        t = self.tail_k[layer]
-        return self.n_quant[layer] + (0 if t is None else t.shape[2])
+        t = self.tail["k"][layer]
+        return self.n_quant["k"][layer] + (0 if t is None else t.shape[2])
 
     def length(self) -> int:
         return self.layer_length(0)
 
     def append(self, layer: int, k, v) -> None:
-        """Store new keys and values (B, K, T, hd); quantize the tokens that left the window."""
-        if self.tail_k[layer] is not None:
-            k = torch.cat([self.tail_k[layer].float(), k.float()], 2)
-            v = torch.cat([self.tail_v[layer].float(), v.float()], 2)
-        total = self.n_quant[layer] + k.shape[2]
-        move = self.fmt.quantized_count(total) - self.n_quant[layer]
-        if move:
-            ks, vs = _fp8_scales(self.fmt, self.scales, self.config, layer)
-            block = quantize_block(self.fmt, to_bf16(k[:, :, :move]), to_bf16(v[:, :, :move]),
-                                   ks, vs)
-            old = self.quant[layer]
-            self.quant[layer] = block if old is None else {
+        """Store new keys and values (B, K, T, hd) in the BF16 tails (:meth:`settle` then
+        quantizes what has left them)."""
+        for part, x in (("k", k), ("v", v)):
+            old = self.tail[part][layer]
+            x = to_bf16(x).to(torch.bfloat16)
+            self.tail[part][layer] = x if old is None else torch.cat([old, x], 2)
+
+    def settle(self, layer: int) -> None:
+        """Quantize the oldest BF16 tokens that the format no longer keeps in BF16."""
+        counts = dict(zip("kv", self.fmt.quantized_counts(self.layer_length(layer))))
+        ks, vs = _fp8_scales(self.fmt, self.scales, self.config, layer)
+        for part, scale in (("k", ks), ("v", vs)):
+            move = counts[part] - self.n_quant[part][layer]
+            if move <= 0:
+                continue
+            tail = self.tail[part][layer]
+            block = quantize_part(self.fmt, tail[:, :, :move].float(), part, scale)
+            old = self.quant[part][layer]
+            self.quant[part][layer] = block if old is None else {
                 n: torch.cat([old[n], t], 2) for n, t in block.items()}
-            self.n_quant[layer] += move
-        self.tail_k[layer] = k[:, :, move:].to(torch.bfloat16)
-        self.tail_v[layer] = v[:, :, move:].to(torch.bfloat16)
+            self.n_quant[part][layer] += move
+            self.tail[part][layer] = tail[:, :, move:]
 
     def keys_values(self, layer: int):
         """Everything cached for ``layer`` as attention reads it: (k, v) fp32 (B, K, S, hd)."""
-        k, v = self.tail_k[layer].float(), self.tail_v[layer].float()
-        if self.quant[layer] is not None:
-            ks, vs = _fp8_scales(self.fmt, self.scales, self.config, layer)
-            kq, vq = dequantize_block(self.fmt, self.quant[layer], ks, vs)
-            k, v = torch.cat([kq, k], 2), torch.cat([vq, v], 2)
-        return k, v
+        ks, vs = _fp8_scales(self.fmt, self.scales, self.config, layer)
+        out = []
+        for part, scale in (("k", ks), ("v", vs)):
+            x = self.tail[part][layer].float()
+            if self.quant[part][layer] is not None:
+                x = torch.cat([dequantize_part(self.fmt, self.quant[part][layer], part, scale), x], 2)
+            out.append(x)
+        return tuple(out)
 
     def attend(self, layer: int, q, k, v):
         """The model's hook: store k, v (B, K, T, hd), attend q (B, H, T, hd) to the cache."""
@@ -577,18 +675,25 @@ class QuantizedKVCache:
             raise ValueError(f"the cache would hold {past + T} tokens, past the model's context "
                              f"of {limit}; trim the prompt or generate fewer tokens")
         self.append(layer, k, v)
+        kivi = self.fmt.kind == "kivi"
+        if not kivi:                     # FP8 / INT8: written quantized, then read
+            self.settle(layer)
         K_all, V_all = self.keys_values(layer)
         pos = torch.arange(past, past + T, device=q.device)
-        return attention(q, K_all, V_all, pos).to(q.dtype)
+        out = attention(q, K_all, V_all, pos).to(q.dtype)
+        if kivi:                         # KIVI: attend in full precision, then quantize
+            self.settle(layer)
+        return out
 
     def nbytes(self) -> int:
-        """Bytes this cache holds: codes, scales, BF16 window, and FP8's fixed scales."""
+        """Bytes this cache holds: codes, scales, BF16 tails, and FP8's fixed scales."""
         total = 0
-        for layer in range(self.config.num_hidden_layers):
-            for t in (self.tail_k[layer], self.tail_v[layer]):
+        for part in ("k", "v"):
+            for layer in range(self.config.num_hidden_layers):
+                t = self.tail[part][layer]
                 total += 0 if t is None else t.numel() * t.element_size()
-            for t in (self.quant[layer] or {}).values():
-                total += t.numel() * t.element_size()
+                for x in (self.quant[part][layer] or {}).values():
+                    total += x.numel() * x.element_size()
         if self.scales is not None:
             total += sum(t.numel() * t.element_size() for t in self.scales.k + self.scales.v)
         return total
@@ -598,9 +703,9 @@ class PerQueryEmulation:
     """Score a whole window in one forward pass as if it were decoded token by token (lesson 11).
 
     Use once per forward, on an empty context: ``model(ids, PerQueryEmulation(model, fmt))``.
-    For query i, keys and values of tokens ``j < fmt.quantized_count(i + 1)`` are read
-    quantized and the rest in BF16, the state of :class:`QuantizedKVCache` when token i is
-    decoded.
+    Query i reads keys ``j < nk`` and values ``j < nv`` quantized, ``(nk, nv) =
+    fmt.read_counts(i)``, and the rest in BF16: the state of :class:`QuantizedKVCache` when
+    token i is decoded.
     """
 
     def __init__(self, config, fmt="bf16", scales: "FP8Scales | None" = None,
@@ -628,9 +733,9 @@ class PerQueryEmulation:
         kq, vq = fake_quantize_kv(self.fmt, k, v, ks, vs)                 # (B, K, T, hd)
         if self.fmt.window == 0 and self.fmt.group == 1:   # every token read quantized
             return attention(q, kq, vq, pos).to(q.dtype)
-        n_quant = torch.tensor([self.fmt.quantized_count(i + 1) for i in range(T)],
-                               device=q.device)
-        return attention(q, to_bf16(k), to_bf16(v), pos, kq, vq, n_quant).to(q.dtype)
+        counts = torch.tensor([self.fmt.read_counts(i) for i in range(T)], device=q.device)
+        return attention(q, to_bf16(k), to_bf16(v), pos, kq, vq, counts[:, 0],
+                         counts[:, 1]).to(q.dtype)
 
 
 # ----------------------------------------------------------------------------- calibration
@@ -740,7 +845,7 @@ def window_scores(model, ids, formats, scales: FP8Scales | None = None,
 
     Returns {format: {"nll": (T,), "kl": (T,), "agree": (T,) bool}}: next-token negative
     log-likelihood, KL(bf16 cache || format) in nats and top-1 agreement with the bf16 cache,
-    per position. ``window``: KIVI's recent window (None: 128).
+    per position. ``window``: KIVI's residual length R (None: 128).
     """
     ids = _check_ids(ids)
     T = ids.numel() - 1

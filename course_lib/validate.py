@@ -2,7 +2,12 @@
 ``notebooks/12_validate_and_choose.ipynb``).
 
 Rung 1 (cheap, most sensitive): KL divergence and top-1 agreement of the next-token
-distributions against the unquantized model (``course_lib.eval.compare``, lesson 04).
+distributions against the unquantized model (``course_lib.eval.compare``, lesson 04), and
+the tail that a mean hides (:func:`kl_tail`): the 99% and 99.9% quantiles and the maximum of
+the per-token KL, as llama.cpp's ``llama-perplexity --kl-divergence`` reports them
+(``tools/perplexity/README.md``), the flips (tokens whose top-1 choice changed; Dutta et al.,
+"Accuracy is Not All You Need", arXiv:2407.09141) and the change of the probability of the
+right token (llama.cpp's delta-p).
 Rung 2: a task metric (``course_lib.eval.completion_accuracy`` on the bundled model); two
 models scored on the same items are compared item by item with McNemar's paired test
 (:func:`task_hits`, :func:`mcnemar`), not with two independent standard errors. Rung 3 (slowest): long greedy generations set beside the reference's,
@@ -31,6 +36,54 @@ def _as_1d_ids(x, what: str) -> torch.Tensor:
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise TypeError(f"{what} must hold integer token ids; got {t.dtype}")
     return t.long()
+
+
+def kl_tail(ref_lp: torch.Tensor, lp: torch.Tensor, targets: torch.Tensor | None = None) -> dict:
+    """The per-token KL and its tail, the flips and delta-p, from next-token log-probs (N, V)
+    of the reference and of a variant on the same positions (lesson 12, rung 1).
+
+    A mean KL can hide a few positions where the variant is badly wrong; llama.cpp's
+    ``--kl-divergence`` therefore prints quantiles of the per-token KL besides its mean, and
+    Dutta et al. (arXiv:2407.09141) count *flips*, positions whose top-1 token changed, which
+    a small change of accuracy can hide. Returns {n, kl_mean, kl_median, kl_q99, kl_q999,
+    kl_max (nats), flips (count), flip_rate, top1_agreement (= 1 - flip_rate)}, and with
+    ``targets`` (N,) also dp_mean, dp_rms, dp_min, dp_max: the variant's probability of the
+    right token minus the reference's (llama.cpp's delta-p), as fractions (0.01 = 1 point).
+    Quantiles are torch.quantile's (linear interpolation).
+    """
+    from course_lib.eval import _check_logprobs
+    for name, x in (("ref_lp", ref_lp), ("lp", lp)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            raise ValueError(f"{name} must be next-token log-probs, a (N, V) tensor; got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if ref_lp.shape != lp.shape:
+        raise ValueError(f"ref_lp {tuple(ref_lp.shape)} and lp {tuple(lp.shape)} must score the "
+                         f"same positions over the same vocabulary")
+    if ref_lp.shape[0] == 0:
+        raise ValueError("no positions to compare: the log-probs are empty")
+    _check_logprobs(ref_lp, "ref_lp")
+    _check_logprobs(lp, "lp")
+    ref, var = ref_lp.double(), lp.double()
+    p = ref.exp()
+    per_token = torch.where(p > 0, p * (ref - var), torch.zeros_like(p)).sum(-1).clamp_min(0)
+    flips = int((ref.argmax(-1) != var.argmax(-1)).sum())
+    n = ref.shape[0]
+    q = torch.quantile(per_token, torch.tensor([0.5, 0.99, 0.999], dtype=torch.float64))
+    out = {"n": n, "kl_mean": float(per_token.mean()), "kl_median": float(q[0]),
+           "kl_q99": float(q[1]), "kl_q999": float(q[2]), "kl_max": float(per_token.max()),
+           "flips": flips, "flip_rate": flips / n, "top1_agreement": 1 - flips / n}
+    if targets is not None:
+        t = torch.as_tensor(targets)
+        if t.shape != (n,) or t.is_floating_point() or t.dtype == torch.bool:
+            raise ValueError(f"targets must be ({n},) integer token ids, one per position; got "
+                             f"{tuple(t.shape)} {t.dtype}")
+        if int(t.min()) < 0 or int(t.max()) >= ref.shape[1]:
+            raise ValueError(f"targets span [{int(t.min())}, {int(t.max())}] but the vocabulary "
+                             f"has {ref.shape[1]} entries")
+        dp = (var.gather(1, t.long()[:, None]).exp() - ref.gather(1, t.long()[:, None]).exp())[:, 0]
+        out.update({"dp_mean": float(dp.mean()), "dp_rms": float(dp.pow(2).mean().sqrt()),
+                    "dp_min": float(dp.min()), "dp_max": float(dp.max())})
+    return out
 
 
 def first_divergence(ref_ids, ids) -> int:
@@ -183,5 +236,5 @@ def rung_sees(rung: str, value: float, reference: float | None = None, n: int | 
     return value < n_new
 
 
-__all__ = ["RUNGS", "KL_NOISE", "P_SEES", "first_divergence", "continue_greedy", "divergence_points",
+__all__ = ["RUNGS", "KL_NOISE", "P_SEES", "kl_tail", "first_divergence", "continue_greedy", "divergence_points",
            "task_hits", "mcnemar", "binomial_se", "rung_sees"]

@@ -32,13 +32,27 @@ def _eval_ids(n):
 
 # ---------------------------------------------------------------- formats and bytes
 
-def test_quantized_count_keeps_the_window_in_whole_groups():
-    f = kv.get_format("kivi2")                        # window 128, groups of 32
+def test_quantized_counts_follow_kivis_reference_code():
+    """KIVI's models/llama_kivi.py (LlamaAttention_KIVI.forward), R = 128: values keep the last
+    R tokens in full precision; keys are quantized R at a time, so n mod R stay in full
+    precision (0..127), never 128..159."""
+    f = kv.get_format("kivi2")                        # R = 128, groups of 32
     assert (f.window, f.group, f.bits) == (128, 32, 2)
-    assert [f.quantized_count(n) for n in (0, 100, 128, 159, 160, 191, 192, 4096)] == \
-        [0, 0, 0, 0, 32, 32, 64, 3968]
-    assert kv.get_format("int8").quantized_count(7) == 7          # every token, at once
-    assert kv.get_format("bf16").quantized_count(7) == 0
+    ns = (0, 100, 127, 128, 159, 160, 255, 256, 4096, 4097)
+    assert [f.quantized_counts(n) for n in ns] == \
+        [(0, 0), (0, 0), (0, 0), (128, 0), (128, 31), (128, 32), (128, 127), (256, 128),
+         (4096, 3968), (4096, 3969)]
+    assert all(0 <= n - f.quantized_counts(n)[0] <= 127 for n in range(5000))   # l mod R
+    assert all(n - f.quantized_counts(n)[1] == min(n, 128) for n in range(5000))
+    # a decoded query reads the cache as it stood before its own token (KIVI quantizes after
+    # attending): query 128 reads 128 quantized keys, query 127 none
+    assert f.read_counts(127) == (0, 0) and f.read_counts(128) == (128, 0)
+    assert kv.get_format("kivi2", window=0, group=16).quantized_counts(40) == (32, 40)
+    assert kv.get_format("int8").quantized_counts(7) == (7, 7)      # every token, at once
+    assert kv.get_format("int8").read_counts(6) == (7, 7)            # stored, then read
+    assert kv.get_format("bf16").quantized_counts(7) == (0, 0)
+    with pytest.raises(ValueError, match="multiple of the group 32"):
+        kv.get_format("kivi2", window=100)
 
 
 def test_bf16_bytes_agree_with_hardware():
@@ -57,11 +71,12 @@ def test_exact_bytes_by_hand():
     assert kv.cache_bytes("fp8_head", 2, 3, 64, 10) == 2 * 3 * (2 * 10 * 64) + 2 * 2 * 3 * 4
     # int8: one fp16 scale per token and head, K and V
     assert kv.cache_bytes("int8", 1, 1, 64, 10) == 2 * 10 * (64 + 2)
-    # kivi2, window 128, groups of 32, 1000 tokens: 864 quantized, 136 in bf16
-    keys = 864 * 64 * 2 // 8 + (864 // 32) * 64 * 4       # codes + scale&min per channel/32 tokens
-    values = 864 * 64 * 2 // 8 + 864 * (64 // 32) * 4     # codes + scale&min per token/32 channels
-    assert kv.cache_bytes("kivi2", 1, 1, 64, 1000) == keys + values + 2 * 136 * 64 * 2 == 76288
-    assert kv.cache_bytes("kivi2", 3, 2, 64, 1000, batch=5) == 76288 * 30
+    # kivi2, R = 128, groups of 32, 1000 tokens: keys 896 quantized (7 x 128), 104 in bf16;
+    # values 872 quantized, the last 128 in bf16
+    keys = 896 * 64 * 2 // 8 + (896 // 32) * 64 * 4       # codes + scale&min per channel/32 tokens
+    values = 872 * 64 * 2 // 8 + 872 * (64 // 32) * 4     # codes + scale&min per token/32 channels
+    assert kv.cache_bytes("kivi2", 1, 1, 64, 1000) == keys + values + (104 + 128) * 64 * 2 == 72128
+    assert kv.cache_bytes("kivi2", 3, 2, 64, 1000, batch=5) == 72128 * 30
     # far from the window: 3 bits per value for kivi2 (2 + 32/32), 5 for kivi4, 8.25 int8 @ hd 64
     assert [kv.bits_per_value(f, 64) for f in ("bf16", "fp8_head", "int8", "kivi4", "kivi2")] == \
         [16, 8, 8.25, 5, 3]
@@ -70,13 +85,15 @@ def test_exact_bytes_by_hand():
 
 @pytest.mark.parametrize("fmt", kv.FORMAT_NAMES)
 def test_real_cache_holds_exactly_the_accounted_bytes(model, scales, fmt):
-    c = kv.QuantizedKVCache(model, fmt, scales, window=40 if fmt.startswith("kivi") else None)
+    c = kv.QuantizedKVCache(model, fmt, scales, window=64 if fmt.startswith("kivi") else None)
     ids = _eval_ids(150)[None]
     model(ids[:, :90], c)                          # a prompt, then tokens one by one
     for i in range(90, 150):
         model(ids[:, i:i + 1], c)
     assert c.length() == 150
     assert c.nbytes() == kv.cache_bytes(c.fmt, *kv.shape_of(model), 150)
+    if fmt.startswith("kivi"):        # keys: 150 - 150 mod 64 = 128 quantized; values: 150 - 64
+        assert (c.n_quant["k"][0], c.n_quant["v"][0]) == (128, 86)
 
 
 # ---------------------------------------------------------------- quantizers
@@ -145,7 +162,7 @@ def test_emulation_equals_token_by_token_decode(model64, fmt):
     emulation of a whole window and token-by-token decode with the real cache agree."""
     text = data.heldout_text()
     sc = kv.calibrate(model64, data.to_tensor(text[-513:]), window=256)
-    window = 24 if fmt.startswith("kivi") else None
+    window = 32 if fmt.startswith("kivi") else None
     f = kv.get_format(fmt, window, 16)
     ids = _eval_ids(121)[None]
     emulated = model64(ids[:, :-1], kv.PerQueryEmulation(model64, f, sc))[0]    # (120, V)
@@ -177,12 +194,12 @@ def test_quality_orders_the_formats(model, scales):
     s = kv.window_scores(model, _eval_ids(257), list(kv.FORMAT_NAMES), scales, window=32)
     kl = {f: float(s[f]["kl"].mean()) for f in kv.FORMAT_NAMES}
     assert kl["bf16"] == 0 and bool(s["bf16"]["agree"].all())
-    # chaotic (FP8 / INT / KIVI codes of K and V): int8 5.89e-5, kivi4 3.68e-5, fp8_head 1.478e-3,
-    # kivi2 1.515e-3, each moved <= 0.05% on AVX-512, avx2 with 1 thread and default/SSE4_2; but
-    # between two real CPUs lesson 11's FP8 KL moved 17% (results/cpu_spread.json), so fp8_head
-    # vs kivi2 (2.5% apart here) is not asserted; fp8_head vs kivi4 (40x apart) is
+    # chaotic (FP8 / INT / KIVI codes of K and V): int8 5.89e-5, kivi4 1.96e-4, fp8_head 1.478e-3,
+    # kivi2 5.85e-3 with KIVI's residual (keys quantized R = 32 at a time); between two real
+    # CPUs lesson 11's FP8 KL moved 17% (results/cpu_spread.json), so only wide gaps are
+    # asserted: fp8_head vs kivi4 7.5x, kivi2 vs fp8_head 4x
     assert 0 < kl["int8"] < kl["kivi2"] and 0 < kl["kivi4"] < kl["kivi2"]
-    assert kl["fp8_head"] > 10 * kl["kivi4"]
+    assert kl["fp8_head"] > 3 * kl["kivi4"] and kl["kivi2"] > 2 * kl["fp8_head"]
     rows = kv.by_position([s, s], [0, 32, 256])["kivi2"]
     assert [(r["from"], r["to"]) for r in rows] == [(0, 32), (32, 256)]
     assert rows[0]["kl"] == 0                      # the first 32 tokens sit in the window
@@ -199,7 +216,7 @@ def test_bad_input_says_what_to_do(model, scales):
     with pytest.raises(ValueError, match="pack whole bytes"):
         kv.get_format("kivi2", group=6)
     with pytest.raises(ValueError, match="does not divide the head dimension 32"):
-        kv.QuantizedKVCache(model, "kivi4", group=24)
+        kv.QuantizedKVCache(model, "kivi4", window=120, group=24)
     with pytest.raises(ValueError, match="calibrated scales"):
         kv.QuantizedKVCache(model, "fp8_head")
     c = kv.QuantizedKVCache(model, "int8")

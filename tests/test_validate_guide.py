@@ -325,3 +325,43 @@ def test_guide_refuses_bad_input():
         guide.loaded_weights_gib(8e9, 0)
     with pytest.raises(ValueError, match="bits per weight"):
         guide.loaded_weights_gib(8e9, 800)                                # bits, not a percent
+
+
+# ---------------------------------------------------------------- the KL tail and flips (issue 38)
+
+def test_kl_tail_by_hand():
+    """Two positions over a vocabulary of 2: one unchanged, one whose top-1 flips."""
+    ref = torch.log(torch.tensor([[0.9, 0.1], [0.6, 0.4]], dtype=torch.float64))
+    var = torch.log(torch.tensor([[0.9, 0.1], [0.3, 0.7]], dtype=torch.float64))
+    r = validate.kl_tail(ref, var, targets=torch.tensor([0, 1]))
+    kl1 = 0.6 * math.log(0.6 / 0.3) + 0.4 * math.log(0.4 / 0.7)
+    assert r["n"] == 2 and r["flips"] == 1 and r["flip_rate"] == 0.5 == r["top1_agreement"]
+    assert r["kl_max"] == pytest.approx(kl1) and r["kl_mean"] == pytest.approx(kl1 / 2)
+    assert r["kl_q99"] == pytest.approx(0.99 * kl1) and r["kl_q999"] == pytest.approx(0.999 * kl1)
+    assert r["dp_mean"] == pytest.approx(0.15) and r["dp_max"] == pytest.approx(0.3)
+    assert r["dp_min"] == pytest.approx(0.0) and r["dp_rms"] == pytest.approx(math.sqrt(0.045))
+
+
+def test_kl_tail_sees_what_the_mean_hides():
+    """One bad position in 1,000: the mean barely moves, the maximum and 99.9% show it."""
+    g = torch.Generator().manual_seed(0)
+    ref = torch.log_softmax(torch.randn(1000, 50, generator=g), -1)
+    var = ref.clone()
+    var[7] = torch.log_softmax(-ref[7] * 3, -1)                 # one position turned upside down
+    r = validate.kl_tail(ref, var)
+    assert r["flips"] == 1 and r["kl_q99"] == 0 and r["kl_max"] > 500 * r["kl_mean"]
+    assert r["kl_q999"] > 0 and "dp_mean" not in r
+
+
+def test_kl_tail_refuses_bad_input():
+    lp = torch.log_softmax(torch.zeros(3, 4), -1)
+    with pytest.raises(ValueError, match="same positions"):
+        validate.kl_tail(lp, lp[:2])
+    with pytest.raises(ValueError, match="not log-probabilities"):
+        validate.kl_tail(lp, torch.zeros(3, 4) + 5)
+    with pytest.raises(ValueError, match=r"\(N, V\)"):
+        validate.kl_tail(lp[0], lp[0])
+    with pytest.raises(ValueError, match="targets must be"):
+        validate.kl_tail(lp, lp, targets=torch.tensor([0.0, 1.0, 2.0]))
+    with pytest.raises(ValueError, match="targets span"):
+        validate.kl_tail(lp, lp, targets=torch.tensor([0, 1, 9]))

@@ -173,62 +173,81 @@ def kivi_bytes_reference(tokens, head_dim, bits, window=128, group=32):
 
 def _kivi_bytes_cases():
     return [
-        Case((100, 64, 2), label="shorter than the window: all BF16"),
-        Case((128, 64, 2), label="exactly the window"),
-        Case((159, 64, 2), label="window + 31: no whole group has left it yet"),
-        Case((160, 64, 2), label="window + 32: one group quantized"),
+        Case((100, 64, 2), label="shorter than the residual: all BF16"),
+        Case((127, 64, 2), label="R - 1 tokens: all BF16"),
+        Case((128, 64, 2), label="R tokens: the keys are quantized at once, the values stay"),
+        Case((159, 64, 2), label="R + 31: keys quantized, 31 values quantized"),
+        Case((200, 64, 2), label="keys 128 quantized + 72 BF16; values 72 + the last 128"),
+        Case((256, 64, 2), label="two chunks of keys quantized"),
         Case((4096, 64, 2), label="SmolLM2 at 4,096 tokens"),
-        Case((8192, 128, 4), label="4 bits, head dim 128"),
-        Case((1000, 64, 2), {"window": 0}, label="no window"),
-        Case((1000, 64, 4), {"window": 64, "group": 16}, label="window 64, groups of 16"),
+        Case((4100, 128, 4), label="4 bits, head dim 128, 4 keys in BF16"),
+        Case((1000, 64, 2), {"window": 0}, label="no residual: keys in whole groups, all values"),
+        Case((1000, 64, 4), {"window": 64, "group": 16}, label="R = 64, groups of 16"),
         Case((0, 64, 2), label="an empty cache"),
         Case((500, 48, 2), {"group": 32}, label="group 32 does not divide head dim 48: ValueError",
              raises=ValueError),
+        Case((500, 64, 2), {"window": 100}, label="R = 100 is not a multiple of the group 32: "
+             "ValueError", raises=ValueError),
         Case((-5, 64, 2), label="a negative token count: raise ValueError", raises=ValueError),
         Case((100.5, 64, 2), label="half a token: raise ValueError", raises=ValueError),
     ]
 
 
-def _q(tokens, window, group):
-    return max(tokens - window, 0) // group * group
+def _qk(tokens, window, group):
+    chunk = window or group
+    return tokens // chunk * chunk
+
+
+def _qv(tokens, window):
+    return max(tokens - window, 0)
+
+
+def _bytes(tokens, head_dim, bits, qk, qv, group, per_group=4, parts=2):
+    return ((2 * tokens - qk - qv) * head_dim * 2 + (qk + qv) * head_dim * bits // 8
+            + (qk + qv) * head_dim // group * per_group) * parts // 2
+
+
+def _checks(tokens, head_dim, window, group):
+    if head_dim % group or window % group:
+        raise ValueError("group must divide head_dim and the window")
 
 
 def _wrong_bytes_no_checks(tokens, head_dim, bits, window=128, group=32):  # counts anything
-    if head_dim % group:
-        raise ValueError("group must divide head_dim")
-    Q = max(int(tokens) - window, 0) // group * group
-    return int(2 * (tokens - Q) * head_dim * 2 + 2 * Q * head_dim * bits // 8
-               + 2 * (Q * head_dim // group) * 4)
+    _checks(tokens, head_dim, window, group)
+    t = int(tokens)
+    return int(_bytes(tokens, head_dim, bits, _qk(t, window, group), _qv(t, window), group))
+
+
+def _wrong_bytes_sliding_keys(tokens, head_dim, bits, window=128, group=32):
+    """Keys leave a sliding window in whole groups (R to R + group - 1 BF16 keys): not KIVI."""
+    _checks(tokens, head_dim, window, group)
+    qk = max(tokens - window, 0) // group * group
+    return _bytes(tokens, head_dim, bits, qk, qk, group)
+
+
+def _wrong_bytes_values_in_chunks(tokens, head_dim, bits, window=128, group=32):
+    """Values quantized R at a time like the keys: KIVI quantizes them one token at a time."""
+    _checks(tokens, head_dim, window, group)
+    q = _qk(tokens, window, group)
+    return _bytes(tokens, head_dim, bits, q, q, group)
 
 
 def _wrong_bytes_no_scales(tokens, head_dim, bits, window=128, group=32):
-    if head_dim % group:
-        raise ValueError("group must divide head_dim")
-    Q = _q(tokens, window, group)
-    return 2 * Q * head_dim * bits // 8 + 2 * (tokens - Q) * head_dim * 2
-
-
-def _wrong_bytes_no_groups(tokens, head_dim, bits, window=128, group=32):  # every old token
-    if head_dim % group:
-        raise ValueError("group must divide head_dim")
-    Q = max(tokens - window, 0)
-    return 2 * Q * head_dim * bits // 8 + 2 * (Q * head_dim // group) * 4 + \
-        2 * (tokens - Q) * head_dim * 2
+    _checks(tokens, head_dim, window, group)
+    return _bytes(tokens, head_dim, bits, _qk(tokens, window, group), _qv(tokens, window), group,
+                  per_group=0)
 
 
 def _wrong_bytes_k_only(tokens, head_dim, bits, window=128, group=32):     # forgot the values
-    if head_dim % group:
-        raise ValueError("group must divide head_dim")
-    Q = _q(tokens, window, group)
-    return Q * head_dim * bits // 8 + (Q * head_dim // group) * 4 + (tokens - Q) * head_dim * 2
+    _checks(tokens, head_dim, window, group)
+    qk = _qk(tokens, window, group)
+    return (tokens - qk) * head_dim * 2 + qk * head_dim * bits // 8 + qk * head_dim // group * 4
 
 
 def _wrong_bytes_scale_only(tokens, head_dim, bits, window=128, group=32):  # no minimum stored
-    if head_dim % group:
-        raise ValueError("group must divide head_dim")
-    Q = _q(tokens, window, group)
-    return 2 * Q * head_dim * bits // 8 + 2 * (Q * head_dim // group) * 2 + \
-        2 * (tokens - Q) * head_dim * 2
+    _checks(tokens, head_dim, window, group)
+    return _bytes(tokens, head_dim, bits, _qk(tokens, window, group), _qv(tokens, window), group,
+                  per_group=2)
 
 
 register(Exercise(
@@ -236,17 +255,18 @@ register(Exercise(
     title="bytes of a KIVI cache, window and scales included",
     reference=kivi_bytes_reference,
     cases=_kivi_bytes_cases,
-    hint=["Which tokens have been quantized (only whole groups that have left the window), "
-          "and which are still in BF16? Both parts hold keys and values, and does a quantized "
-          "group store anything besides its codes?",
-          "Q = max(tokens - window, 0) // group * group. BF16 part: 2 x (tokens - Q) x hd x 2 "
-          "bytes. Codes: 2 x Q x hd x bits / 8.",
-          "Scales: keys have Q/group x hd groups, values Q x hd/group groups: the same count, "
-          "Q x hd / group each, and each group stores an fp16 scale and an fp16 minimum "
-          "(4 bytes). Raise ValueError when group does not divide head_dim, or when tokens is "
+    hint=["Keys and values leave BF16 at different times in KIVI: count each. Keys wait until "
+          "the residual length (window) of them have gathered; values keep the last window. Does a quantized group "
+          "store anything besides its codes?",
+          "Qk = tokens // window * window (window 0: tokens // group * group), Qv = max(tokens - "
+          "window, 0). BF16 part: (2 x tokens - Qk - Qv) x hd x 2 bytes. Codes: (Qk + Qv) x hd x "
+          "bits / 8.",
+          "Scales: keys have Qk/group x hd groups, values Qv x hd/group groups: (Qk + Qv) x hd / "
+          "group in all, and each group stores an fp16 scale and an fp16 minimum (4 bytes). "
+          "Raise ValueError when group does not divide head_dim or the window, or when tokens is "
           "not a whole number >= 0."],
-    wrong=[_wrong_bytes_no_scales, _wrong_bytes_no_groups, _wrong_bytes_k_only,
-           _wrong_bytes_scale_only, _wrong_bytes_no_checks],
+    wrong=[_wrong_bytes_sliding_keys, _wrong_bytes_values_in_chunks, _wrong_bytes_no_scales,
+           _wrong_bytes_k_only, _wrong_bytes_scale_only, _wrong_bytes_no_checks],
     rtol=0, atol=0, check_dtype=False,
 ))
 
