@@ -30,6 +30,8 @@ inputs, a plain-torch reference and a benchmark.
 - ``kernels.compile_check`` ``python -m kernels.compile_check``: compile every kernel for
   sm_75 ... sm_120 without a GPU and read the compiled code (instructions per weight byte,
   shared memory, tensor-core instruction)
+- ``kernels.pipes``    which pipe of an SM runs each SASS instruction (ALU, FMA, FP16, XU, from
+  Nsight Compute's pipeline descriptions) and what a main loop costs against the issue budget
 - ``kernels/gpu_check.sh``  on a GPU machine, in parts of under 8 minutes each (``--part tests``,
   ``compile``, ``bench``, ``notebooks``): everything it writes goes under ``$OUT``
 

@@ -259,6 +259,35 @@ def split_plan(tiles: int, steps: int, sms: int, depth: int, programs_per_sm: in
     return max((factors(s) for s in candidates), key=lambda f: (f["score"], -f["SPLIT_K"]))
 
 
+def fill_plan(tiles: list, N: int, steps_of, sms: int) -> dict:
+    """The decode tile and K split that give every SM a program (lesson 10).
+
+    ``tiles``: the candidate ``triton.Config``s, widest ``BLOCK_N`` first; ``steps_of(cfg)``:
+    the loop trips of one unsplit program. For each, ``split_plan`` picks the K split (each
+    slice keeps >= 2 x pipeline depth trips); the first whose grid has at least ``sms``
+    programs wins: a narrower tile costs more instructions per weight byte (its x loads and
+    loop overhead serve fewer weights), so no narrower than needed. When none fills the GPU
+    (a small layer: N / BLOCK_N tiles x the largest split that keeps a steady state < SMs),
+    the one with the most programs, and ``why`` says so. Returns {"config", "rule",
+    "fills", "why"}.
+    """
+    best = None
+    for cfg in tiles:
+        rule = split_plan(math.ceil(N / cfg.kwargs["BLOCK_N"]), steps_of(cfg), sms,
+                          cfg.num_stages - 1)
+        if rule["programs"] >= sms:
+            return {"config": cfg, "rule": rule, "fills": True, "why": ""}
+        if best is None or rule["programs"] > best[1]["programs"]:
+            best = (cfg, rule)
+    cfg, rule = best
+    tiles_n = math.ceil(N / cfg.kwargs["BLOCK_N"])
+    why = (f"{tiles_n} tiles of {cfg.kwargs['BLOCK_N']} outputs x {rule['SPLIT_K']} K slices of "
+           f"{rule['trips']} trips = {rule['programs']} programs < {sms} SMs: a finer split would "
+           f"leave fewer than 2 x {cfg.num_stages - 1} trips (no steady state), and "
+           f"{cfg.kwargs['BLOCK_N']} is the narrowest decode tile")
+    return {"config": cfg, "rule": rule, "fills": False, "why": why}
+
+
 def split_k_for(tiles: int, steps: int, sms: int, depth: int = 2) -> int:
     """K slices per output tile by ``split_plan``'s rule (each slice keeps >= 2 x depth loop
     trips; whole waves of about two programs per SM)."""

@@ -20,13 +20,15 @@ compiled code:
   (``issue_budget``): a kernel above that is instruction-bound, not memory-bound;
   Int-to-float conversions (``cvt.rn.f32.s32``) are counted apart: a GPU issues them at
   a fraction of the FP32 rate (16 against 128 per clock and SM on Hopper and Ampere);
-* **the pipes** (``pipe_report``): the SASS main loop's instructions sorted into the pipes
-  that execute them (``course_lib.hardware.sass_pipe``: integer/logic, FP32, packed FP16,
-  conversions; tensor-core, memory and control instructions cost only their issue slot),
-  per weight byte, and read against ``REPORT_GPU[arch]`` with ``hardware.issue_model``: an
-  SM issues 128 lane-instructions a clock but runs integer and logic ones at 64 (sm_80-90),
-  so the dequantization's LOP3/PRMT/SHF/IMAD cost twice their issue slot. The report gives
-  the pipe-weighted cost, the bottleneck and the share of read bandwidth it allows;
+* **the pipes** (``pipe_report``): the SASS main loop's instructions sorted by the pipe
+  that executes them (``kernels.pipes``, from Nsight Compute's pipeline descriptions and
+  NVIDIA's forum answers: LOP3/SHF/IADD3/PRMT on the 64-lane ALU pipe, IMAD on the FMA pipe
+  (fmaheavy), FP32 and, from sm_86, packed FP16 on the FMA pipes, conversions on the XU;
+  tensor-core, memory and control instructions cost only their issue slot), per weight
+  byte, and read against ``REPORT_GPU[arch]``: an SM issues 128 lane-instructions a clock
+  but runs ALU ones at 64, so the dequantization's LOP3/SHF cost twice their issue slot.
+  The report gives each limit's cost, the pipe-weighted cost (the largest), the bottleneck
+  and the share of read bandwidth it allows;
 * **matrix instruction**: which tensor-core instruction ``tl.dot`` became (``wgmma`` with
   e4m3 operands is FP8 maths on Hopper; ``mma.sync`` with f16 operands is not);
 * **registers and spills** (``cuobjdump --dump-resource-usage``; spills go to local memory).
@@ -217,24 +219,27 @@ REPORT_GPU = {75: "T4", 80: "A100 80GB", 89: "L40S", 90: "H200"}
 
 
 def pipe_report(sass: list[str], threads: int, weight_bytes: int, arch: int) -> dict | None:
-    """The main loop's lane-instructions per weight byte, per pipe, and what the issue model
-    of ``course_lib.hardware`` makes of them on ``REPORT_GPU[arch]`` (lessons 09-10).
+    """The main loop's lane-instructions per weight byte, per instruction class, and what the
+    pipe model of ``kernels.pipes`` makes of them on ``REPORT_GPU[arch]`` (lessons 09-10).
 
     A warp instruction counts 32 lane-instructions, so each SASS line is worth ``threads``
-    lane-instructions per loop trip; divided by the weight bytes of a trip. None for an
+    lane-instructions per loop trip; divided by the weight bytes of a trip. The budget is the
+    catalogue GPU's issue budget (``course_lib.hardware.gpu_issue_budget``). None for an
     architecture without a report GPU.
     """
     from course_lib import hardware as hw
+    from kernels import pipes
 
     if arch not in REPORT_GPU:
         return None
-    counts = Counter(hw.sass_pipe(y) for y in sass)
+    counts = Counter(pipes.sass_class(y) for y in sass)
     per_byte = {"total": len(sass) * threads / weight_bytes}
-    per_byte.update({p: counts.get(p, 0) * threads / weight_bytes for p in hw.SASS_PIPES})
+    per_byte.update({c: counts.get(c, 0) * threads / weight_bytes for c in pipes.SASS_CLASSES})
     gpu = hw.get_gpu(REPORT_GPU[arch])
-    model = hw.issue_model(per_byte, gpu.compute_capability, gpu.sms, gpu.boost_clock_ghz,
-                           gpu.bandwidth_tbps)
-    return {"gpu": gpu.name, "per_weight_byte": {k: round(v, 2) for k, v in per_byte.items()},
+    model = pipes.loop_cost(per_byte, gpu.compute_capability, hw.gpu_issue_budget(gpu))
+    return {"gpu": gpu.name, "model": pipes.MODEL,
+            "per_weight_byte": {k: round(v, 2) for k, v in per_byte.items()},
+            "cost": {k: round(v, 2) for k, v in model["cost"].items()},
             "budget": round(model["budget"], 2), "pipe_weighted": round(model["pipe_weighted"], 2),
             "bottleneck": model["bottleneck"],
             "bandwidth_fraction": round(model["bandwidth_fraction"], 3)}
@@ -351,7 +356,12 @@ def plan_jobs(arch: int, M: int, K: int, N: int, sms: int):
     from kernels import w4a16, w8a16
     from kernels._common import CompileJob
 
-    from kernels._common import split_plan
+    from kernels._common import fill_plan
+
+    def fill(tiles, steps_of, p):
+        f = fill_plan(tiles, N, steps_of, sms)           # the rule dot_plan applied, explained
+        assert f["config"].kwargs["BLOCK_N"] == p["BLOCK_N"] and f["rule"]["SPLIT_K"] == p["SPLIT_K"]
+        return {**p, "rule": f["rule"], "fills": f["fills"], "why": f["why"]}
 
     out = []
     p = w4a16.dot_plan(M, N, K, 128, sms=sms)
@@ -360,15 +370,14 @@ def plan_jobs(arch: int, M: int, K: int, N: int, sms: int):
     consts.update(GROUP=128, HAS_ZERO=False, W_DTYPE=tl.bfloat16, USE_ASM=arch >= 80,
                   DOT_FP32=False)
     steps = (K // 128) // p["UNITS_PER_STEP"]             # group 128: one unit a group
-    p = {**p, "rule": split_plan(-(-N // p["BLOCK_N"]), steps, sms, p["num_stages"] - 1)}
+    p = fill(w4a16._DOT_DECODE_TILES, lambda c: (K // 128) // c.kwargs["UNITS_PER_STEP"], p)
     out.append(("w4a16_dot", CompileJob("w4a16_dot", w4a16.w4a16_dot_kernel, sig, consts,
                                         p["num_warps"], p["num_stages"],
                                         weight_bytes_per_step=w4a16._dot_step_bytes(
                                             {**p, "GROUP": 128})), p, steps))
     p8 = w8a16.dot_plan(M, N, K, sms=sms)
     consts = {k: v for k, v in p8.items() if k not in ("num_warps", "num_stages")}
-    p8 = {**p8, "rule": split_plan(-(-N // p8["BLOCK_N"]), -(-K // p8["BLOCK_K"]), sms,
-                                   p8["num_stages"] - 1)}
+    p8 = fill(w8a16._DECODE_TILES, lambda c: -(-K // c.kwargs["BLOCK_K"]), p8)
     sig = next(j for j in w8a16.compile_jobs(arch) if j.name == "w8a16_gemm").signature
     consts.update(DOT_FP32=False)
     out.append(("w8a16_dot", CompileJob("w8a16_dot", w8a16.w8a16_gemm_kernel, sig, consts,
@@ -400,9 +409,11 @@ def bytes_in_flight(plan: dict, N: int, M: int, trips: int, step_bytes: int, sha
 
 def plan_report(arch: int = 90, sms: int = 132, log=print) -> list[dict]:
     """The decode plans at the benchmark shapes (M = 1 and 16) and every Llama 8B/70B layer
-    shape (M = 1): the split rule's factors (``kernels._common.split_plan``), the waves, the
-    trips per program and the bytes of weights in flight per SM (an H200/H100 has 132 SMs;
-    the target is >= 32 KB, about bandwidth x latency per SM)."""
+    shape (M = 1): the tile and split rule's factors (``kernels._common.fill_plan`` and
+    ``split_plan``; ``fills``: at least one program per SM, else ``why`` not), the waves, the
+    trips per program, the bytes of weights in flight per SM (an H200/H100 has 132 SMs;
+    the target is >= 32 KB, about bandwidth x latency per SM, or all a small layer allows),
+    and the SASS instructions per weight byte and pipe model of the plan's tile."""
     records, cache = [], {}
     shapes = [(K, N, M) for K, N in BENCH_SHAPES for M in (1, 16)]
     shapes += [(K, N, 1) for K, N in LLAMA_SHAPES if (K, N) not in BENCH_SHAPES]
@@ -412,20 +423,33 @@ def plan_report(arch: int = 90, sms: int = 132, log=print) -> list[dict]:
                    job.num_stages)
             if key not in cache:
                 k = compile_job(job, arch)
-                cache[key] = (int(k.metadata.shared), resource_usage(k.asm["cubin"]).get("regs", 0))
-            shared, regs = cache[key]
+                threads = 32 * job.num_warps
+                sass = sass_main_loop(k.asm["cubin"])
+                loop = {}
+                if sass:
+                    loop = dict(sass_instructions_per_weight_byte=round(
+                        len(sass) * threads / job.weight_bytes_per_step, 2))
+                    model = pipe_report(sass, threads, job.weight_bytes_per_step, arch)
+                    if model:
+                        loop["pipes"] = model
+                cache[key] = (int(k.metadata.shared),
+                              resource_usage(k.asm["cubin"]).get("regs", 0), loop)
+            shared, regs, loop = cache[key]
             rec = dict(arch=arch, sms=sms, name=name, M=M, K=K, N=N, plan=plan,
-                       shared_bytes=shared, regs=regs,
+                       shared_bytes=shared, regs=regs, **loop,
                        **bytes_in_flight(plan, N, M, trips, job.weight_bytes_per_step,
                                          shared, regs, sms, arch))
             records.append(rec)
             r = plan["rule"]
             log(f"plan sm_{arch} {name:10s} M={M:2d} {K}x{N}: BLOCK_N={plan['BLOCK_N']} "
-                f"split-K {plan['SPLIT_K']}, {rec['programs']} programs "
+                f"warps {plan['num_warps']} split-K {plan['SPLIT_K']}, {rec['programs']} programs "
                 f"({r['waves']} waves of 2 per SM), {r['trips']} trips each, "
                 f"{rec['steps_ahead']} steps x {rec['step_bytes'] // 1024} KB ahead: "
-                f"{rec['bytes_in_flight_per_sm'] / 1024:.0f} KB in flight per SM; rule: busy "
-                f"{r['busy']} x steady {r['steady']} x even {r['even']} = {r['score']}")
+                f"{rec['bytes_in_flight_per_sm'] / 1024:.1f} KB in flight per SM; rule: busy "
+                f"{r['busy']} x steady {r['steady']} x even {r['even']} = {r['score']}"
+                + (f"; SASS {loop['sass_instructions_per_weight_byte']} per weight byte, "
+                   f"pipe-weighted {loop['pipes']['pipe_weighted']}" if "pipes" in loop else "")
+                + ("" if plan["fills"] else f"; fewer programs than SMs: {plan['why']}"))
     return records
 
 
@@ -457,9 +481,11 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             cmd = "python -m kernels.compile_check " + " ".join(argv if argv is not None else sys.argv[1:])
             from course_lib import device
+            from kernels import pipes
             json.dump({"command": cmd, "triton": triton.__version__,
                        "machine": device.machine_record(),   # compiled here, for --arch
                        "issue_budget_h100": round(issue_budget(), 2),
+                       "pipe_model": pipes.MODEL,
                        "records": records, "launch_plans": plans}, f, indent=1, default=str)
             f.write("\n")
     print(f"{bad} unexpected result(s)")

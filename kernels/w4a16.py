@@ -63,7 +63,8 @@ dequantizes in fp32. The default at every batch is ``w4a16_dot_kernel`` (lesson 
   one packed FMA per two weights (and a shift per four), inline PTX on sm_80+; the group
   scale multiplies the dot's result, once per group and output, not every weight;
 * **split-K** when the output tiles alone leave SMs idle (``dot_plan``): the slices meet in
-  a self-resetting fp32 workspace (``_common.store_or_reduce``), CUDA-graph safe.
+  a self-resetting fp32 workspace (``_common.store_or_reduce``), CUDA-graph safe; and a
+  narrower tile where even the split leaves SMs without a program (``_common.fill_plan``).
 
 Pseudo-code of the dot kernel (one program = BLOCK_M tokens x BLOCK_N outputs x one K slice)::
 
@@ -86,8 +87,8 @@ from kernels._triton import tl, triton  # Triton, or its stand-in where it is no
 
 from kernels import INTERPRET, dequant16
 from kernels._common import (GEMV_MAX_M, CompileJob, check_activations, check_device,
-                             choose, config_jobs, gemv_plan, num_sms, on_gpu, pow2_at_least,
-                             split_k_for, store_or_reduce, workspace)
+                             choose, config_jobs, fill_plan, gemv_plan, num_sms, on_gpu,
+                             pow2_at_least, store_or_reduce, workspace)
 
 GROUP_SIZES = (32, 64, 128)
 # Globals a @triton.jit function reads must be tl.constexpr; ``.value`` is the plain number.
@@ -389,6 +390,16 @@ _DOT_CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": bn, "UNITS_PER_STEP": u
                 for bn, ups, w, st in [(256, 1, 4, 3), (128, 1, 4, 4), (128, 1, 2, 4),
                                        (64, 2, 4, 4), (32, 2, 4, 4)]]
 _DOT_DEFAULT = _DOT_CONFIGS[0]
+# the decode tiles dot_plan chooses from, widest first (kernels._common.fill_plan): a layer
+# with few outputs takes a narrower tile so that every SM gets a program (4096 x 4096 on 132
+# SMs: 16 tiles of 256 x 8 K slices = 128 programs; tiles of 128: 256). Narrower costs more
+# SASS per weight byte on sm_90 (compile_check's launch plans record it): 4.4 at 256, 4.9 at
+# 128 (4 warps), 4.9 at 64 with 2 warps (6.5 with 4)
+_DOT_DECODE_TILES = [_DOT_DEFAULT,
+                     triton.Config({"BLOCK_M": 16, "BLOCK_N": 128, "UNITS_PER_STEP": 1},
+                                   num_warps=4, num_stages=3),
+                     triton.Config({"BLOCK_M": 16, "BLOCK_N": 64, "UNITS_PER_STEP": 1},
+                                   num_warps=2, num_stages=3)]
 # fp32 activations at decode: BLOCK_N 256 needs 112 KB of shared memory (sm_86, compiled),
 # past the 99 KB of sm_86/89/120; 128 rows halve the weight and conversion buffers
 _DOT_FP32_DECODE = triton.Config({"BLOCK_M": 16, "BLOCK_N": 128, "UNITS_PER_STEP": 1},
@@ -538,7 +549,9 @@ def dot_plan(M: int, N: int, K: int, group: int, sms: int | None = None,
     codes, ``dequant16.layout_unit``), and the grid
     needs about two programs per SM so that every SM holds enough bytes in flight (Little's
     law: bandwidth x latency, about 36 KB per SM on an H200). When the output tiles alone
-    are too few, K is split (the slices meet in a self-resetting fp32 workspace). Larger
+    are too few, K is split (the slices meet in a self-resetting fp32 workspace), and where
+    even that leaves SMs without a program, a narrower tile is taken
+    (``_DOT_DECODE_TILES``, ``kernels._common.fill_plan``). Larger
     batches take wider M tiles and no split. ``kernels.compile_check`` reports the bytes in
     flight per SM of this plan at the benchmark shapes. ``fp32``: x in float32, whose tiles
     (and their fp32 copies for the dot) take four times the shared memory of the 16-bit ones:
@@ -550,11 +563,13 @@ def dot_plan(M: int, N: int, K: int, group: int, sms: int | None = None,
         unit = dequant16.layout_unit(group)
         return dict(BLOCK_M=64 if M >= 64 else 32, BLOCK_N=64, UNITS_PER_STEP=max(1, 128 // unit),
                     SPLIT_K=1, num_warps=4, num_stages=3)
-    c = _DOT_FP32_DECODE if fp32 else _DOT_DEFAULT
-    plan = {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
-    steps = (K // dequant16.layout_unit(group)) // plan["UNITS_PER_STEP"]  # trips, no split
-    return {**plan, "SPLIT_K": split_k_for(triton.cdiv(N, plan["BLOCK_N"]), steps, sms,
-                                           plan["num_stages"] - 1)}
+    def steps(c):                                                      # trips, no split
+        return max(1, (K // dequant16.layout_unit(group)) // c.kwargs["UNITS_PER_STEP"])
+
+    f = fill_plan([_DOT_FP32_DECODE] if fp32 else _DOT_DECODE_TILES, N, steps, sms)
+    c = f["config"]
+    return {**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages,
+            "SPLIT_K": f["rule"]["SPLIT_K"]}
 
 
 def _which_kernel(kernel, force_gemm, config) -> str:

@@ -39,8 +39,8 @@ from kernels._triton import tl, triton  # Triton, or its stand-in where it is no
 
 from kernels import INTERPRET
 from kernels._common import (GEMV_MAX_M, check_activations, check_device, choose,
-                             config_jobs, gemv_plan, num_sms, on_gpu, pow2_at_least,
-                             split_k_for, store_or_reduce, workspace)
+                             config_jobs, fill_plan, gemv_plan, num_sms, on_gpu, pow2_at_least,
+                             store_or_reduce, workspace)
 
 
 # ---------------------------------------------------------------------------- kernels
@@ -164,6 +164,15 @@ _DECODE_DEFAULT = triton.Config({"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 256},
 # A100's 163 KB and the 99 KB of sm_86/89/120; a quarter of the K step fits all of them
 _DECODE_FP32 = triton.Config({"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64}, num_warps=4,
                              num_stages=3)
+# the decode tiles dot_plan chooses from, widest first (kernels._common.fill_plan): a layer
+# with few outputs takes a narrower tile so that every SM gets a program (4096 x 4096 on 132
+# SMs: 32 tiles of 128 x 4 K slices = 128 programs; tiles of 64: 256). SASS per weight byte
+# on sm_90 (compile_check's launch plans record it): 3.4 at 128, 4.3 at 64, 4.2 at 32 (2 warps)
+_DECODE_TILES = [_DECODE_DEFAULT,
+                 triton.Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256}, num_warps=4,
+                               num_stages=3),
+                 triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256}, num_warps=2,
+                               num_stages=3)]
 # Split-K programs add into y: autotuning must leave it zero for the real call
 # (reset before each trial, restored after: safe across Triton versions).
 if INTERPRET:
@@ -176,15 +185,17 @@ else:
 
 def dot_plan(M: int, N: int, K: int, sms: int | None = None, fp32: bool = False) -> dict:
     """Launch plan of ``w8a16_gemm_kernel`` at decode sizes (M <= 16) on a GPU: 16-row
-    tiles, 3 pipeline stages, and K split until the grid has about two programs per SM
-    (``kernels.compile_check`` reports the bytes in flight per SM this gives). ``fp32``: x
-    in float32 takes ``_DECODE_FP32``, whose shared memory fits every supported GPU."""
+    tiles, 3 pipeline stages, and K split until the grid has about two programs per SM;
+    where even the split leaves SMs without a program, a narrower tile (``_DECODE_TILES``,
+    ``kernels._common.fill_plan``; ``kernels.compile_check`` reports the bytes in flight per
+    SM this gives). ``fp32``: x in float32 takes ``_DECODE_FP32``, whose shared memory fits
+    every supported GPU."""
     sm80 = not on_gpu() or torch.cuda.get_device_capability(0) >= (8, 0)
-    c = (_DECODE_FP32 if fp32 else _DECODE_DEFAULT) if sm80 else _GEMM_DEFAULT
-    steps = triton.cdiv(K, c.kwargs["BLOCK_K"])
-    split = split_k_for(triton.cdiv(N, c.kwargs["BLOCK_N"]), steps, sms or num_sms(),
-                        c.num_stages - 1)
-    return {**c.kwargs, "SPLIT_K": split, "num_warps": c.num_warps, "num_stages": c.num_stages}
+    tiles = ([_DECODE_FP32] if fp32 else _DECODE_TILES) if sm80 else [_GEMM_DEFAULT]
+    f = fill_plan(tiles, N, lambda c: triton.cdiv(K, c.kwargs["BLOCK_K"]), sms or num_sms())
+    c = f["config"]
+    return {**c.kwargs, "SPLIT_K": f["rule"]["SPLIT_K"], "num_warps": c.num_warps,
+            "num_stages": c.num_stages}
 
 
 # ---------------------------------------------------------------------------- wrapper

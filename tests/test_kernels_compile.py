@@ -87,16 +87,17 @@ def test_decode_kernels_meet_the_instruction_and_latency_budgets(tmp_path):
         assert pipes["per_weight_byte"]["total"] == r["sass_instructions_per_weight_byte"]
         if r["name"].startswith("w4a16"):
             assert r["sass_int_to_float_in_loop"] == 0, (r["arch"], r["name"])
-            # the dequantization is integer work: the integer pipe (64 lanes a clock, half
-            # the issue rate) is about level with the issue itself (lesson 10 asserts it)
+            # the dequantization is logic and shifts: the ALU pipe (64 lanes a clock, half
+            # the issue rate) comes close to the issue itself (lesson 10: 0.94 on sm_90)
             assert pipes["pipe_weighted"] <= pipes["budget"], r
             assert r["regs"] <= 240, (r["arch"], r["name"], r["regs"])     # 255 is the limit
             zp = r["constexprs"]["HAS_ZERO"]
             # no byte repacking before the dot (the byte layout had 66-74 PRMT a trip)
             assert r["sass_loop_opcodes"].get("PRMT", 0) <= (16 if zp else 4), r["sass_loop_opcodes"]
             if not zp:
-                per = pipes["per_weight_byte"]
-                assert 0.9 <= 2 * per["int"] / per["total"] <= 1.1, (r["arch"], r["name"], per)
+                cost = pipes["cost"]
+                assert pipes["bottleneck"] == "issue", (r["arch"], r["name"], cost)
+                assert 0.8 <= cost["alu"] / cost["issue"] <= 1.0, (r["arch"], r["name"], cost)
                 limit = {90: 4.5, 80: 4.6}[r["arch"]]
                 assert r["sass_instructions_per_weight_byte"] <= limit, r
         else:
@@ -116,11 +117,21 @@ def test_decode_kernels_meet_the_instruction_and_latency_budgets(tmp_path):
         # the whole layer is that small (4096 x 4096 at 4 bits is 62 KB per SM in all)
         layer_per_sm = p["K"] * p["N"] * (0.5 if p["name"] == "w4a16_dot" else 1) / p["sms"]
         assert p["bytes_in_flight_per_sm"] >= min(32 * 1024, 0.49 * layer_per_sm), p
+        # every SM gets a program, or the record says why not (a layer too small for it)
+        assert p["programs"] >= p["sms"] or (not p["plan"]["fills"] and p["plan"]["why"]), p
+        # a narrower tile than the default still fits the issue budget
+        assert p["pipes"]["pipe_weighted"] <= p["pipes"]["budget"], p
     by = {(p["name"], p["K"], p["N"]): p for p in plans if p["M"] == 1}
     # the plans the rule picks on an H200: a whole wave, or as much of one as the tiles allow
     assert by[("w4a16_dot", 8192, 28672)]["plan"]["SPLIT_K"] == 2         # 224 programs, 1 wave
-    assert by[("w4a16_dot", 4096, 4096)]["plan"]["SPLIT_K"] == 8          # 4 trips, not 2
+    # 4096 x 4096: tiles of 256 gave 16 x 8 slices = 128 programs < 132 SMs; tiles of 128: 256
+    assert (by[("w4a16_dot", 4096, 4096)]["plan"]["BLOCK_N"], by[("w4a16_dot", 4096, 4096)]["plan"]["SPLIT_K"]) == (128, 8)
     assert by[("w8a16_dot", 8192, 28672)]["plan"]["SPLIT_K"] == 1
+    # 4096 x 1024: even tiles of 64 give 16 x 8 = 128 programs (16 slices: 2 trips each)
+    kv = by[("w4a16_dot", 4096, 1024)]
+    assert kv["plan"]["BLOCK_N"] == 64 and kv["programs"] == 128 and not kv["plan"]["fills"]
+    default = by[("w4a16_dot", 8192, 28672)]
+    assert kv["shared_bytes"] < default["shared_bytes"] and kv["regs"] <= default["regs"]
 
 
 def test_split_rule_scores_waves_and_steady_state():
@@ -137,6 +148,81 @@ def test_split_rule_scores_waves_and_steady_state():
     assert split_plan(4, 3, 132, 2) == {**split_plan(4, 3, 132, 2), "SPLIT_K": 1}
     with pytest.raises(ValueError, match="depth must be a whole number >= 1"):
         split_plan(16, 32, 132, 0)
+
+
+def test_fill_plan_narrows_the_tile_until_every_sm_has_a_program():
+    from kernels import w4a16, w8a16
+    from kernels._common import fill_plan
+    tiles = w4a16._DOT_DECODE_TILES
+    steps = lambda c: 32                                     # noqa: E731  K = 4096, group 128
+    big = fill_plan(tiles, 28672, steps, 132)                # 112 tiles of 256: enough
+    assert big["fills"] and big["config"] is tiles[0] and big["why"] == ""
+    q = fill_plan(tiles, 4096, steps, 132)                   # 16 x 8 = 128 < 132: tiles of 128
+    assert q["fills"] and q["config"].kwargs["BLOCK_N"] == 128 and q["rule"]["programs"] == 256
+    kv = fill_plan(tiles, 1024, steps, 132)                  # 16 tiles of 64 x 8 = 128: short
+    assert not kv["fills"] and kv["config"].kwargs["BLOCK_N"] == 64 and kv["rule"]["programs"] == 128
+    assert "128 programs < 132 SMs" in kv["why"]
+    # the wrappers' plans follow the rule (no GPU needed: sms given)
+    assert w4a16.dot_plan(1, 4096, 4096, 128, sms=132)["BLOCK_N"] == 128
+    assert w8a16.dot_plan(1, 4096, 4096, sms=132)["BLOCK_N"] == 64
+    assert w4a16.dot_plan(1, 28672, 8192, 128, sms=132)["BLOCK_N"] == 256
+
+
+def test_pipe_model_follows_nvidias_pipe_descriptions():
+    """IMAD on the FMA pipe (fmaheavy from sm_86), not the ALU pipe of LOP3/SHF/IADD3; packed
+    FP16 on the FMA pipes from sm_86, on its own pipe on sm_75/80 (``kernels.pipes``)."""
+    from kernels import pipes
+    assert pipes.sass_class("LOP3.LUT R4, R2, 0xf000f, R5, 0xea, !PT") == "alu"
+    assert pipes.sass_class("@P0 IMAD.WIDE R2, R3, 0x2, R4") == "imad"
+    assert pipes.sass_class("HFMA2 R8, R8, R9, R10") == "fp16x2"
+    assert pipes.sass_class("I2F.S8 R1, R2") == "conversion"
+    assert pipes.sass_class("HMMA.16816.F32.BF16 R4, R8, R12, R4") is None
+    assert "imad" in pipes.COST[(9, 0)]["fma"] and "imad" not in pipes.COST[(9, 0)]["alu"]
+    assert "fp16x2" in pipes.COST[(9, 0)]["fma"] and "fp16" in pipes.COST[(8, 0)]
+    assert pipes.lanes_per_sm((9, 0))["fma"]["fp32"] == 128 and pipes.lanes_per_sm((9, 0))["fmaheavy"]["imad"] == 64
+    assert pipes.lanes_per_sm((8, 0))["fma"]["fp32"] == 64 and pipes.lanes_per_sm((9, 0))["alu"]["alu"] == 64
+    m = pipes.loop_cost({"total": 4.0, "alu": 2.0, "imad": 1.0}, (9, 0), 6.97)
+    assert m["cost"] == {"issue": 4.0, "alu": 4.0, "fma": 1.0, "fmaheavy": 2.0, "xu": 0.0}
+    m = pipes.loop_cost({"total": 4.0, "alu": 1.0, "imad": 2.5}, (9, 0), 6.97)
+    assert m["bottleneck"] == "fmaheavy" and m["pipe_weighted"] == 5.0
+    with pytest.raises(ValueError, match="no pipe model for compute capability 10.0"):
+        pipes.pipe_costs((10, 0))
+    with pytest.raises(ValueError, match="per_byte\\['int'\\]"):
+        pipes.loop_cost({"total": 4.0, "int": 1.0}, (9, 0), 6.97)
+    with pytest.raises(ValueError, match="must be one SASS instruction"):
+        pipes.sass_class("  ")
+
+
+def test_committed_report_uses_the_pipe_model_of_the_code():
+    """results/compile_report.json was written with kernels.pipes as it is: recomputing each
+    sm_90 record's pipe costs from its stored opcode counts gives the stored figures."""
+    from kernels import pipes
+    rep = json.loads((cc_root() / "results" / "compile_report.json").read_text())
+    assert rep["pipe_model"] == pipes.MODEL
+    seen = set()
+    for r in rep["records"]:
+        if r["arch"] != 90 or "pipes" not in r:
+            continue
+        ops = r["sass_loop_opcodes"]
+        per_op = r["pipes"]["per_weight_byte"]["total"] / sum(ops.values())
+        per = {"total": r["pipes"]["per_weight_byte"]["total"]}
+        for op, n in ops.items():
+            c = pipes.CLASS_OF.get(op)
+            if c:
+                per[c] = per.get(c, 0.0) + n * per_op
+        m = pipes.loop_cost(per, (9, 0), r["pipes"]["budget"])
+        assert abs(m["pipe_weighted"] - r["pipes"]["pipe_weighted"]) < 0.02, r["name"]
+        if r["default"] and not r["constexprs"].get("HAS_ZERO") and r["name"] in ("w8a16_dot", "w4a16_dot"):
+            seen.add(r["name"])
+            # the review's figures (issue #38): IMAD off the ALU pipe
+            want = {"w8a16_dot": (3.5, "alu"), "w4a16_dot": (4.42, "issue")}[r["name"]]
+            assert (round(m["pipe_weighted"], 2 if r["name"] == "w4a16_dot" else 1), m["bottleneck"]) == want
+    assert seen == {"w8a16_dot", "w4a16_dot"}
+
+
+def cc_root():
+    from pathlib import Path
+    return Path(__file__).resolve().parents[1]
 
 
 def test_bytes_in_flight_counts_idle_sms_and_the_pipeline_depth():
