@@ -308,8 +308,8 @@ def issue_budget(sms: int, clock_ghz: float, bandwidth_tbps: float, lanes_per_sm
 
     An H200: 132 x 128 x 1.98e9 / 4.8e12 -> 6.97. A kernel whose main loop needs more
     instructions per weight byte than this cannot stream its weights at full bandwidth; and
-    since integer and logic instructions run at half the issue rate (``issue_model``), a
-    dequantizing loop can hit that limit first.
+    since the ALU pipe's logic, shift and integer-add instructions run at half the issue rate
+    (``kernels.pipes``), a dequantizing loop can hit that limit first.
     """
     sms = _positive_int("sms", sms)
     lanes = _positive_int("lanes_per_sm", lanes_per_sm)
@@ -322,7 +322,7 @@ def gpu_issue_budget(gpu, bandwidth_tbps: float | None = None) -> float:
     """``issue_budget`` of a catalogue GPU (its SMs, boost clock and the issue rate of 128
     lane-instructions per clock per SM), at its datasheet bandwidth or at ``bandwidth_tbps``
     (a measured one). Lesson 10. (Not the FP32 lanes: an A100 has 64 of those per SM, but it
-    issues 128 lane-instructions a clock; ``issue_model`` weighs each pipe.)"""
+    issues 128 lane-instructions a clock; ``kernels.pipes.loop_cost`` weighs each pipe.)"""
     gpu = get_gpu(gpu)
     if gpu.sms is None or gpu.boost_clock_ghz is None or gpu.compute_capability is None:
         raise ValueError(f"the catalogue has no SM count, clock or CUDA compute capability for "
@@ -331,92 +331,13 @@ def gpu_issue_budget(gpu, bandwidth_tbps: float | None = None) -> float:
     return issue_budget(gpu.sms, gpu.boost_clock_ghz, bw, ISSUE_LANES_PER_SM)
 
 
-# ---- the issue model per pipe (lessons 09-10) -------------------------------------------
+# ---- the issue rate (lessons 09-10) ------------------------------------------------------
 # An SM has 4 schedulers, each issuing one warp instruction (32 lanes) per clock: 128
 # lane-instructions per clock on every architecture from Volta (7.0) on (NVIDIA's Volta,
-# Ampere and Hopper architecture whitepapers). But each instruction also occupies the pipe that
-# executes it, and the pipes are narrower than the issue: the CUDA C++ Programming Guide's
-# "Throughput of Native Arithmetic Instructions" table (operations per clock per SM) gives
-# 32-bit integer add, multiply-add, shift, compare and bitwise AND/OR/XOR at 64 on 7.5-9.0,
-# FP32 add/multiply/FMA at 64 on 7.5 and 8.0 and 128 on 8.6, 8.9 and 9.0, and type conversions
-# at 16. PRMT (byte permute) is not in that table: it is counted at the integer rate, which is
-# the conservative reading. Packed 16-bit float instructions (HFMA2, HADD2, HMUL2: two results
-# each) from the datasheets' non-tensor FP16 rate: 4x FP32 on the A100, 2x on the H100/H200,
-# equal to FP32 on the GA10x/AD10x chips (8.6, 8.9) and 2x on the T4, i.e. per lane-instruction
-# 128, 128, 64 and 64. Compute capability 12.0 (consumer Blackwell) runs INT32 on all 128
-# lanes (NVIDIA RTX Blackwell architecture whitepaper); its FP16 figure is assumed equal to
-# 8.9's. Tensor-core, memory and control instructions cost only their issue slot here.
+# Ampere and Hopper architecture whitepapers). Each instruction also occupies the pipe that
+# executes it, and some pipes are narrower than the issue: which opcode runs on which pipe, and
+# how wide each pipe is, is kernels.pipes (from Nsight Compute's Profiling Guide, "Pipelines").
 ISSUE_LANES_PER_SM = 128
-PIPE_LANES_PER_SM = {
-    (7, 5): {"fp32": 64, "fp16x2": 64, "int": 64, "conversion": 16},
-    (8, 0): {"fp32": 64, "fp16x2": 128, "int": 64, "conversion": 16},
-    (8, 6): {"fp32": 128, "fp16x2": 64, "int": 64, "conversion": 16},
-    (8, 9): {"fp32": 128, "fp16x2": 64, "int": 64, "conversion": 16},
-    (9, 0): {"fp32": 128, "fp16x2": 128, "int": 64, "conversion": 16},
-    (12, 0): {"fp32": 128, "fp16x2": 64, "int": 128, "conversion": 16},
-}
-# SASS opcode (before the first dot) -> pipe. Anything unlisted counts only its issue slot.
-SASS_PIPES = {
-    "fp32": ("FFMA", "FADD", "FMUL", "FMNMX", "FSET", "FSETP", "FSEL", "FCHK"),
-    "fp16x2": ("HFMA2", "HADD2", "HMUL2", "HMNMX2", "HSET2", "HSETP2"),
-    "int": ("IMAD", "IADD3", "IADD", "LOP3", "LOP", "SHF", "SHL", "SHR", "PRMT", "ISETP", "LEA",
-            "SEL", "IMNMX", "IABS", "BFE", "BFI", "SGXT", "LEA.HI", "POPC", "FLO", "BMSK",
-            "IDP", "IDP4A", "VIADD", "VIMNMX"),
-    "conversion": ("I2F", "F2I", "F2F", "I2I", "F2FP", "I2FP", "F2IP"),
-}
-_PIPE_OF = {op: pipe for pipe, ops in SASS_PIPES.items() for op in ops}
-
-
-def sass_pipe(instruction: str) -> str | None:
-    """The pipe a SASS instruction occupies ("int", "fp32", "fp16x2", "conversion"), or None
-    for one that costs only its issue slot (tensor core, memory, control, uniform). Lesson 10.
-
-    ``"LOP3.LUT R4, R2, 0xf000f, R5, 0xea, !PT"`` -> "int"; ``"HMMA.16816.F32.BF16 ..."`` -> None.
-    """
-    if not isinstance(instruction, str) or not instruction.strip():
-        raise ValueError("instruction must be one SASS instruction as cuobjdump prints it, "
-                         "e.g. 'LOP3.LUT R4, R2, 0xf000f, R5, 0xea, !PT'")
-    op = instruction.split()[0]
-    if op.startswith("@"):                                # a predicate guard: "@P0 LDG ..."
-        op = instruction.split()[1]
-    return _PIPE_OF.get(op.split(".")[0])
-
-
-def pipe_lanes_per_sm(compute_capability) -> dict:
-    """Lane-instructions per clock per SM of each pipe, e.g. (9, 0) -> int 64, fp32 128.
-    An unlisted newer capability takes the closest older entry (lesson 10)."""
-    cc = _cc(compute_capability)
-    known = [k for k in PIPE_LANES_PER_SM if k <= cc]
-    if not known:
-        raise ValueError(f"no pipe rates for compute capability {cc[0]}.{cc[1]}: the table "
-                         f"starts at 7.5 (Turing); known: {sorted(PIPE_LANES_PER_SM)}")
-    return dict(PIPE_LANES_PER_SM[max(known)])
-
-
-def issue_model(per_byte: dict, compute_capability, sms: int, clock_ghz: float,
-                bandwidth_tbps: float) -> dict:
-    """Which limit a main loop hits first: the issue rate or one pipe (lessons 09-10).
-
-    per_byte: lane-instructions per weight byte, ``{"total": t, "int": i, "fp16x2": h, ...}``
-    (``kernels.compile_check --report`` counts them from the SASS). Each pipe p needs
-    ``per_byte[p] / rate_p`` clocks per byte and the issue ``total / 128``; the slowest sets
-    the time per byte. Returns the budget (lane-instructions the issue allows per byte read
-    at full bandwidth), ``pipe_weighted`` (the loop's cost in issue slots of the slowest
-    limit: ``max(total, per_byte[p] x 128 / rate_p)``), the bottleneck, and ``bandwidth_fraction``
-    = min(1, budget / pipe_weighted): the share of the read bandwidth the instructions allow.
-    """
-    total = _positive("per_byte['total']", per_byte.get("total"))
-    rates = pipe_lanes_per_sm(compute_capability)
-    budget = issue_budget(sms, clock_ghz, bandwidth_tbps, ISSUE_LANES_PER_SM)
-    cost = {"issue": total}
-    for pipe, rate in rates.items():
-        count = _positive(f"per_byte[{pipe!r}]", per_byte.get(pipe, 0.0), allow_zero=True)
-        cost[pipe] = count * ISSUE_LANES_PER_SM / rate
-    bottleneck = max(cost, key=cost.get)
-    weighted = cost[bottleneck]
-    return {"budget": budget, "pipe_weighted": weighted, "bottleneck": bottleneck,
-            "bandwidth_fraction": min(1.0, budget / weighted), "cost_in_issue_slots": cost,
-            "rates": rates}
 
 
 def device_issue_budget(props, bandwidth_tbps: float) -> dict:
@@ -984,8 +905,7 @@ __all__ = [
     "batched_step_ms", "batch_tokens_per_second", "Plan", "plan", "gpus_per_replica",
     "decode_floor_table", "format_table", "gpu_table", "model_table",
     "FP32_LANES_PER_SM", "DEFAULT_LATENCY_US", "fp32_lanes_per_sm", "issue_budget",
-    "ISSUE_LANES_PER_SM", "PIPE_LANES_PER_SM", "SASS_PIPES", "sass_pipe", "pipe_lanes_per_sm",
-    "issue_model",
+    "ISSUE_LANES_PER_SM",
     "gpu_issue_budget", "device_issue_budget", "bytes_in_flight_per_sm",
     "gemv_bytes_in_flight_per_sm", "KERNEL_SUPPORT", "kernel_support",
 ]

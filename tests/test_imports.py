@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "course_lib.formats", "course_lib.quant",
         "course_lib.kquants")),   # lesson 14
     ("2 model, loaders and evaluation", (
-        "course_lib.data", "course_lib.model", "course_lib.eval", "course_lib.qmodel",
+        "course_lib.data", "course_lib.model", "course_lib.eval", "course_lib.protocol", "course_lib.qmodel",
         "course_lib.activations", "course_lib.gguf_model", "course_lib.smollm",
         "course_lib.kmix", "course_lib.imatrix",   # lesson 14
         "course_lib.train", "course_lib.validate", "course_lib.hardware")),
@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "course_lib.bandwidth", "course_lib.bench", "kernels")),
     ("5 benchmarks", (
         "kernels.bench", "kernels.bench_layers", "kernels.bench_peers", "kernels.bench_decode",
-        "kernels.bench_targets", "kernels.sweep_gemv", "kernels.compile_check",
+        "kernels.bench_targets", "kernels.sweep_gemv", "kernels.compile_check", "kernels.pipes",
         "course_lib.guide", "course_lib.engine",   # engine: lesson 13 (the engine branch)
         "course_lib.kmix_table", "course_lib.qat_tables")),   # lesson 14; lesson 15
     ("6 lessons' checks and widgets", (
