@@ -13,19 +13,20 @@ The split is fixed and documented, so a retrain on any machine holds out the sam
 The real LLM (SmolLM2-135M) is measured on English prose: the Python language reference topics
 (``pydoc_data.topics``, PSF licence), bundled as a fixed snapshot in
 ``course_lib/data/pydoc_topics.json`` because their content changes between Python versions.
-:func:`topics_split` cuts them as llm-compressor-style calibration scripts do: topics sorted by
-key, even positions for calibration, odd positions for evaluation, each part joined with blank
-lines.
+The topics repeat one another (the same grammar rules, tables and paragraphs appear under several
+keys), so cutting them into calibration and evaluation text takes care:
 
-How separate the two halves are: every topic is either calibration or evaluation, never both,
-but the topics repeat one another (the same grammar rules, tables and paragraphs appear under
-several keys), so the *text* is not disjoint. :func:`topics_overlap` measures it: the share of
-the evaluation half's characters that lie inside some run of ``run`` characters (100 by
-default) found verbatim in the calibration half: 24.1% for the bundled snapshot (a test keeps
-it between 20% and 30%), and three of the protocol's first 8 windows of SmolLM2 tokens overlap
-(one almost entirely). Lesson 05 computes and states it, and
-``python -m course_lib.methods.w8a8 --overlap-check`` re-ranks methods on evaluation windows
-free of such runs (:func:`overlap_free_windows`).
+- :func:`clean_split` (the "clean" protocol): topics that share a run of 50 characters, verbatim,
+  are linked, and linked topics stay together (:func:`linked_topics`); the largest group
+  calibrates, the rest evaluates. No run of 50 characters of one part occurs in the other
+  (tests/test_protocol.py), so what a method fits on calibration text is never scored.
+- :func:`topics_split` (the first protocol, "v1"): topics sorted by key, even positions
+  calibrate, odd positions evaluate. Every topic is on one side, but the *text* is not disjoint:
+  :func:`topics_overlap` measures the share of the evaluation half's characters inside some run
+  of ``run`` characters (100 by default) found verbatim in the calibration half, 24.1% for the
+  bundled snapshot (a test keeps it between 20% and 30%), and three of that protocol's first 8
+  windows of SmolLM2 tokens overlap (one almost entirely). Tables measured on it say so in their
+  ``protocol`` field until they are rerun.
 
 Because a learner's Python may differ from the one the model was trained on, the evaluation text
 is *bundled*: ``course_lib/data/heldout_eval.txt`` holds a fixed slice (tens of KB) of the held-out
@@ -175,10 +176,68 @@ def topics() -> dict[str, str]:
 
 
 def topics_split() -> tuple[str, str]:
-    """(calibration, evaluation) text: topics sorted by key, even positions calibrate, odd
-    positions evaluate, each part joined with blank lines (lesson 04; used by lessons 05-08, 11)."""
+    """(calibration, evaluation) text of the first protocol ("v1"): topics sorted by key, even
+    positions calibrate, odd positions evaluate, each part joined with blank lines (lesson 04).
+    The two parts share verbatim text (:func:`topics_overlap`: 24%); :func:`clean_split` is the
+    protocol that replaces it."""
     items = list(topics().values())
     return TOPIC_SEPARATOR.join(items[0::2]), TOPIC_SEPARATOR.join(items[1::2])
+
+
+#: Two topics that share a run of this many characters, verbatim, are the same text for the
+#: clean split: they go to the same side. 50 characters is about 12 tokens; shorter shared runs
+#: are stock phrases ("the following", a grammar rule's name), longer ones are copied passages.
+CLEAN_RUN = 50
+
+
+@functools.lru_cache(maxsize=4)
+def linked_topics(run: int = CLEAN_RUN) -> tuple[tuple[str, ...], ...]:
+    """The topics in groups that must not be split (lesson 04): two topics are linked
+    when some run of ``run`` characters occurs verbatim in both, and a group is everything linked
+    to everything else through such links (connected components). Groups are sorted largest
+    (in characters) first, each group's keys sorted."""
+    run = _check_run(run)
+    t = topics()
+    keys = list(t)
+    parent = list(range(len(keys)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first_owner: dict[str, int] = {}                  # a run of text -> first topic holding it
+    for i, k in enumerate(keys):
+        text = t[k]
+        for j in range(len(text) - run + 1):
+            owner = first_owner.setdefault(text[j:j + run], i)
+            if owner != i:
+                parent[root(i)] = root(owner)
+    groups: dict[int, list[str]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(root(i), []).append(k)
+    size = lambda g: sum(len(t[k]) for k in g)                    # noqa: E731
+    return tuple(tuple(sorted(g)) for g in sorted(groups.values(), key=lambda g: (-size(g), g)))
+
+
+@functools.lru_cache(maxsize=2)
+def clean_split(run: int = CLEAN_RUN) -> tuple[str, str]:
+    """(calibration, evaluation) text of the clean protocol (lesson 04): the largest
+    group of :func:`linked_topics` calibrates, every other group evaluates, each part's topics
+    in key order joined with blank lines. No run of ``run`` characters of one part occurs in the
+    other (tests/test_protocol.py checks it at 50 and 100 characters), so what a method fits on
+    calibration text is never scored. With the bundled snapshot: 368 KB of calibration text
+    (about 87,000 SmolLM2 tokens) and 96 KB of evaluation text (about 23,000 tokens, 45 windows
+    of 512)."""
+    groups = linked_topics(run)
+    if len(groups) < 2:
+        raise ValueError(f"every topic is linked to every other by runs of {run} characters: "
+                         f"no clean split exists at that run; use a longer run")
+    t = topics()
+    calib = set(groups[0])
+    return (TOPIC_SEPARATOR.join(v for k, v in t.items() if k in calib),
+            TOPIC_SEPARATOR.join(v for k, v in t.items() if k not in calib))
 
 
 # ----------------------------------------------------------------------------- overlap

@@ -608,6 +608,8 @@ quant_stage:
       ignore: ["lm_head"]       # the output head stays 16-bit (lesson 04)
       scheme: "W4A16"           # INT4 weights, one scale per group of 128
       dampening_frac: 0.01      # lesson 06's damping, as a share of the mean diagonal
+      actorder: "static"        # llm-compressor 0.14's default when the scheme sets none
+                                # (modifiers/gptq/base.py:132, 154-158): act-order (lesson 06)
 """
 
 repo = "HuggingFaceTB/SmolLM2-135M"
