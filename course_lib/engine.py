@@ -13,7 +13,7 @@ function here says so in one line when it is missing. What lesson 13 does with i
 - :func:`decode_speed`: greedy decoding tokens/s, several runs, median and spread;
 - :func:`speed_limits`: decode speed against its two limits measured here: memory (read
   bandwidth / bytes per token) and compute (:func:`prefill_speed`, the engine's arithmetic
-  for a token when bytes are free), at 1 and 2 threads;
+  for a token when bytes are free, a loose bound), at 1 and 2 threads;
 - :func:`bytes_per_token` and :func:`predicted_tokens_per_s`: lesson 00's prediction of the
   decode speed from the bytes each token reads and the measured memory bandwidth.
 
@@ -254,9 +254,14 @@ def prefill_speed(model, prompt_ids, runs: int = 2, threads: int | None = None) 
     """Tokens/s of evaluating ``prompt_ids`` in one batch, the best of ``runs`` (lesson 13).
 
     A batch reads every weight once for all its tokens, so bytes stop being the limit: this
-    is the rate at which the engine's kernels do one token's arithmetic on this machine, the
-    *compute ceiling* of decoding (decoding one token at a time cannot be faster than that,
-    and is slower where it waits for memory).
+    is the rate at which the engine's batch kernels do one token's arithmetic on this machine,
+    a *loose compute ceiling* of decoding. Loose, because a batch runs other kernels than a
+    single token and they do less work per token (llama.cpp 0.3.36: a repacked Q4_0 matrix
+    meets 4 or more rows in ``ggml_gemm_q4_0_8x8_q8_0`` and one row in
+    ``ggml_gemv_q4_0_8x8_q8_0``, ``ggml/src/ggml-cpu/repack.cpp`` lines 4637-4647; F16 and
+    Q8_0 batches go to llamafile's tiled kernels, which refuse a single row,
+    ``ggml/src/ggml-cpu/llamafile/sgemm.cpp`` lines 3818-3822). Decoding one token at a time
+    should not be faster; being slower does not by itself mean it waits for memory.
     """
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
         raise ValueError(f"runs must be a whole number >= 1; got {runs!r}")
@@ -286,7 +291,8 @@ def speed_limits(models: dict, files: dict, threads=(1, 2), new_tokens: int = 48
     hits them all alike) and the prefill tokens/s of a ``prompt_tokens`` prompt. Two limits:
 
     * **memory**: read bandwidth / bytes per token (lesson 00's rule);
-    * **compute**: the prefill rate, the engine's arithmetic for one token when bytes are free.
+    * **compute**: the prefill rate, the engine's arithmetic for one token when bytes are free,
+      run by its batch kernels (a loose bound: see :func:`prefill_speed`).
 
     Decoding can beat neither; ``limit`` names the lower one. ``progress``: a callable given
     one line per step (``tqdm.write`` in the notebook), or None.
@@ -614,6 +620,14 @@ def write_speed_limits(threads=(1, 2), new_tokens: int = 64, runs: int = 5,
     res["command"] = (f"python -m course_lib.engine limits --threads {' '.join(map(str, threads))} "
                       f"--new-tokens {new_tokens} --runs {runs}")
     res["engine"] = f"llama-cpp-python=={version()} ({CMAKE_ARGS})"
+    of_memory = [r[t]["median"] / r[t]["memory_limit"] for r in res["rows"].values()
+                 for t in res["threads"]]
+    res["note"] = (f"compute_limit is the prefill rate of a prompt_tokens batch, a loose bound: "
+                   f"llama.cpp runs batches through other kernels than single tokens (repacked "
+                   f"Q4_0: ggml_gemm_q4_0_8x8_q8_0 vs ggml_gemv_q4_0_8x8_q8_0, "
+                   f"ggml/src/ggml-cpu/repack.cpp lines 4637-4647 in llama-cpp-python 0.3.36). "
+                   f"Every file decoded at {min(of_memory):.0%}-{max(of_memory):.0%} of "
+                   f"memory_limit here.")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=1) + "\n")
     del models

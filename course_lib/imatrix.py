@@ -4,7 +4,9 @@ llama.cpp's ``llama-imatrix`` tool runs the model on calibration text and keeps,
 matrix multiplication, the mean of the *squared* input activation of each column:
 ``imatrix_j = (1 / N) * sum_t x_tj^2`` over the N tokens seen. The quantizer then weights the
 squared rounding error of weight ``W_ij`` by it (times a term from the weight itself) when it
-searches each block's scale, so columns that see large inputs get the accurate codes.
+searches each block's scale (every format but Q8_0, which ignores it), so columns that see
+large inputs get the accurate codes. ``llama-imatrix`` came with llama.cpp's PR #4861; the
+weighting with PR #4930 (k-quants) and PR #4969 (Q4_0, Q4_1, Q5_0, Q5_1).
 
 The same number appears in two earlier lessons in other roles:
 

@@ -11,12 +11,15 @@ they differ for such a model:
   in Q4_K_S, Q5_K in the first layers; in Q3_K_M, Q5_K in the first layers and Q4_K elsewhere
   (``attn_output`` too);
 - the output head (SmolLM2 ties it to the token embedding, so the embedding plays that part)
-  gets Q6_K, or Q8_0 when its rows are not a multiple of 256 wide;
+  gets Q6_K, or Q8_0 when its rows are not a multiple of 256 wide (``src/llama-quant.cpp``
+  lines 489-510, llama-cpp-python 0.3.36); an untied token embedding keeps the base type;
 - a k-quant needs rows a multiple of 256 wide; otherwise the tensor *falls back* to a
   32-block format (Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0) and llama.cpp
   counts it in "N of M tensor(s) required fallback quantization".
 
-:func:`read_mix` reads a GGUF file's tensor types and bytes; :func:`write_mix` writes a file
+:func:`where_the_bits_go` splits a mix's bits per weight by cause (base type, norms, upgrades,
+head, fallbacks) on the shapes :func:`llama_shapes` builds; :func:`read_mix` reads a GGUF
+file's tensor types and bytes; :func:`write_mix` writes a file
 from the course's F16 GGUF with a type per tensor, quantized by :mod:`course_lib.kquants`
 (optionally with an importance vector per tensor); from the same F16 file and the same types it
 gives llama.cpp's bytes exactly.
@@ -72,11 +75,13 @@ def llama_type(mix: str, name: str, cols: int, n_layers: int, tied: bool = True)
     if head:
         t = "q8_0" if cols % kquants.QK_K else "q6_k"
         return Choice(t, t, False)
+    t = MIXES[mix]
+    if name == "token_embd.weight":               # untied: the mix's base type, as any weight
+        return _fit(t, cols)
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", name)
     if not m:
         raise ValueError(f"{name!r} is not a Linear weight of a llama GGUF file")
     layer, kind = int(m.group(1)), m.group(2)
-    t = MIXES[mix]
     if kind == "attn_v":
         if mix == "q4_k_m" and use_more_bits(layer, n_layers):
             t = "q6_k"
@@ -93,10 +98,72 @@ def llama_type(mix: str, name: str, cols: int, n_layers: int, tied: bool = True)
             t = "q5_k" if layer < n_layers // 16 else "q4_k"
     elif kind == "attn_output" and mix == "q3_k_m":
         t = "q4_k"
+    return _fit(t, cols)
+
+
+def _fit(t: str, cols: int) -> Choice:
+    """The wanted k-quant ``t``, or its 32-block fallback when rows of ``cols`` do not fit."""
     if cols % kquants.QK_K == 0:
         return Choice(t, t, False)
     stored = FALLBACK[t]
     return Choice(t, stored if cols % 32 == 0 else "f16", True)
+
+
+def llama_shapes(n_layers: int, hidden: int, intermediate: int, kv: int, vocab: int,
+                 tied: bool) -> dict[str, tuple]:
+    """The tensor shapes of a Llama-architecture GGUF file, (out, in) for the 2-D weights and
+    (n,) for the norms: ``kv`` is the width of attn_k and attn_v (KV heads x head size).
+    SmolLM2-135M: ``llama_shapes(30, 576, 1536, 192, 49152, tied=True)`` (272 tensors)."""
+    for label, v in (("n_layers", n_layers), ("hidden", hidden), ("intermediate", intermediate),
+                     ("kv", kv), ("vocab", vocab)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{label} must be a whole number >= 1; got {v!r}")
+    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
+    if not tied:
+        shapes["output.weight"] = (vocab, hidden)
+    for i in range(n_layers):
+        shapes.update({f"blk.{i}.attn_norm.weight": (hidden,), f"blk.{i}.ffn_norm.weight": (hidden,),
+                       f"blk.{i}.attn_q.weight": (hidden, hidden),
+                       f"blk.{i}.attn_k.weight": (kv, hidden), f"blk.{i}.attn_v.weight": (kv, hidden),
+                       f"blk.{i}.attn_output.weight": (hidden, hidden),
+                       f"blk.{i}.ffn_gate.weight": (intermediate, hidden),
+                       f"blk.{i}.ffn_up.weight": (intermediate, hidden),
+                       f"blk.{i}.ffn_down.weight": (hidden, intermediate)})
+    return shapes
+
+
+def where_the_bits_go(mix: str, shapes: dict, n_layers: int) -> dict[str, float]:
+    """Bits per weight of ``mix`` on a model of these ``shapes`` (:func:`llama_shapes`; the
+    file is tied when it has no ``output.weight``), split in the order the rule adds them:
+    every weight in the base type, the norms in F32, the per-tensor upgrades of the mix, the
+    head in its own type, and the fallbacks of rows that are not a multiple of 256. Bits per
+    weight is llama.cpp's: all tensor bits over all weights. The parts sum to ``"total"``."""
+    mix = _check_mix(mix)
+    if MIXES[mix] not in kquants.BLOCKS:
+        raise ValueError(f"where_the_bits_go needs a base type the course writes; {mix}'s is "
+                         f"{MIXES[mix]}")
+    if not shapes or "token_embd.weight" not in shapes:
+        raise ValueError("shapes must hold a model's tensors, token_embd.weight among them "
+                         "(kmix.llama_shapes builds them)")
+    tied = "output.weight" not in shapes
+    base = kquants.bits_per_weight(MIXES[mix])
+    n = sum(int(np.prod(s)) for s in shapes.values())
+    bits = lambda t: kquants.bits_per_weight(t)
+    parts = {"base": 0.0, "norms": 0.0, "upgrades": 0.0, "head": 0.0, "fallbacks": 0.0}
+    for name, s in shapes.items():
+        size = int(np.prod(s))
+        parts["base"] += base * size
+        if len(s) == 1:
+            parts["norms"] += (32 - base) * size
+            continue
+        c = llama_type(mix, name, s[1], n_layers, tied)
+        is_head = name == "output.weight" or (tied and name == "token_embd.weight")
+        parts["head" if is_head else "upgrades"] += (bits(c.wanted) - base) * size
+        stored = bits(c.stored) if c.stored != "f16" else 16.0
+        parts["fallbacks"] += (stored - bits(c.wanted)) * size
+    out = {k: v / n for k, v in parts.items()}
+    out["total"] = sum(out.values())
+    return out
 
 
 def plan(mix: str, src) -> dict[str, Choice]:

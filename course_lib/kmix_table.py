@@ -1,6 +1,7 @@
 """Lesson 14's engine table: llama.cpp's Q4_K_M and Q3_K_M against the same mixes with the
-course's importance matrix, Q4_0 with and without it, and the course's own bit allocation at no
-more bytes, all run in llama.cpp: bytes, bits per weight, perplexity, KL, top-1, tokens/s.
+course's importance matrix, Q4_0 with and without it (with it: every Linear still Q4_0, see
+``Q4_0_IMX``), and the course's own bit allocation at no more bytes, all run in llama.cpp:
+bytes, bits per weight, perplexity, KL, top-1, tokens/s.
 
 ``python -m course_lib.kmix_table`` writes ``results/kquants_engine_smollm2.json`` (about 15
 minutes on 2 cores, after ``python -m course_lib.sensitivity scan``); the lesson reads it when the engine is missing and checks a slice of it
@@ -26,6 +27,16 @@ LINEAR_KINDS = sensitivity.KINDS
 #: Q4_1 file, so Q4_1 would reproduce them exactly, a property of this checkpoint, not of the
 #: format (the table has one row with it allowed, to show the effect).
 ALLOC_FORMATS = ("q4_0", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
+#: The Q4_0 row with the course's importance matrix keeps every Linear in Q4_0, which is not
+#: what ``llama-quantize --imatrix ... Q4_0`` writes: with an importance matrix it stores the
+#: ffn_down of the first n_layers/8 layers (SmolLM2: 0-2) as Q4_1 (llama.cpp's
+#: src/llama-quant.cpp, lines 660-666, llama-cpp-python 0.3.36). Q4_1 would come close to
+#: giving back this checkpoint's weights (they came from a Q4_1 file), so the row keeps Q4_0 to
+#: compare the scale search alone, at equal bytes; its label says so.
+Q4_0_IMX = "Q4_0 + imatrix, all Q4_0 (course)"
+Q4_0_IMX_NOTE = ("every Linear Q4_0; llama-quantize --imatrix would store the ffn_down of the "
+                 "first n_layers/8 layers (here blk.0-2) as Q4_1 (src/llama-quant.cpp lines "
+                 "660-666, llama-cpp-python 0.3.36)")
 
 
 def linear_bytes(rows: list[dict]) -> int:
@@ -99,8 +110,9 @@ def write_table(n_windows: int = 2, calib_windows: int = 2, runs: int = 3,
              lambda p: engine.quantize_file(f16, p, "q4_0", threads=threads))
         q4_0 = {n: "q4_0" for n in kmix.plan("q4_k_m", f16)}
         q4_0["token_embd.weight"] = "q8_0"
-        made("Q4_0 + imatrix (course)", "q4_0_imx.gguf",
+        made(Q4_0_IMX, "q4_0_imx.gguf",
              lambda p: kmix.write_mix(f16, p, q4_0, imx, "q4_0"))
+        notes[Q4_0_IMX] = {"note": Q4_0_IMX_NOTE}
         for mix in ("q4_k_m", "q3_k_m"):
             label = mix.upper()
             made(f"{label} (llama.cpp)", f"{mix}.gguf",

@@ -16,10 +16,16 @@ A Q4_K_M file mixes several of llama.cpp's block formats. Two families:
   6.5625 bits). A row must be a multiple of 256 wide: SmolLM2's 576-wide rows are not, which
   is why most of its Q4_K_M file falls back to Q5_0 (see :mod:`course_lib.kmix`).
 
-How a block's scale is chosen is where llama.cpp spends its effort: not absmax but a search over
-candidate scales (and minimums) minimizing a *weighted* squared error. Without an importance
-matrix the weights come from the values themselves; with one (``imatrix``: a non-negative weight
-per column, llama.cpp's mean squared input activation) they say which columns matter.
+How a block's scale is chosen is where llama.cpp spends its effort: for the k-quants not absmax
+but a search over candidate scales (and minimums) minimizing a *weighted* squared error. Without
+an importance matrix the weights come from the values themselves; with one (``imatrix``: a
+non-negative weight per column, llama.cpp's mean squared input activation) they say which
+columns matter, and the 32-blocks Q4_0, Q4_1, Q5_0 and Q5_1 search too (without one they keep
+lesson 13's plain rounding). Q8_0 ignores the importance matrix. Where in llama.cpp's
+``ggml/src/ggml-quants.c`` (llama-cpp-python 0.3.36): Q4_K/Q5_K ``make_qkx2_quants`` without
+(lines 1476, 1663), ``make_qkx3_quants`` and ``make_qp_quants`` with (lines 1583-1587, sigma2
+at 1570); Q6_K ``make_qx_quants`` weighted by x^2 without (1883), by the importance alone with
+(1994); Q4_0 plain rounding without (2073-2076); Q8_0 (2296).
 
 Every function reproduces llama.cpp's ``ggml-quants.c`` operation for operation in float32, so
 :func:`quantize` gives the same bytes as the engine's ``ggml_quantize_chunk``

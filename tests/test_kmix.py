@@ -44,6 +44,37 @@ def test_q4_k_m_rule_on_smollm2_shapes():
     assert kmix.llama_type("q3_k_m", "blk.9.attn_q.weight", 576, 30).stored == "q4_0"
 
 
+def test_untied_embedding_takes_the_base_type():
+    """Without a tied head, llama.cpp's Q4_K_M leaves token_embd at the base type (and its
+    fallback): only the head (output.weight) gets Q6_K."""
+    assert kmix.llama_type("q4_k_m", "token_embd.weight", 4096, 32, tied=False) == \
+        kmix.Choice("q4_k", "q4_k", False)
+    assert kmix.llama_type("q4_k_m", "token_embd.weight", 576, 30, tied=False) == \
+        kmix.Choice("q4_k", "q5_0", True)
+    assert kmix.llama_type("q4_k_m", "output.weight", 4096, 32, tied=False).stored == "q6_k"
+
+
+def test_where_the_bits_go():
+    """SmolLM2's 6.17 bits per weight split by cause; the same rule on Llama-3.1-8B's shapes
+    gives the 4.8944 that llama.cpp's tools/quantize/README.md reports for its Q4_K_M."""
+    small = kmix.llama_shapes(30, 576, 1536, 192, 49152, tied=True)
+    assert len(small) == 272
+    parts = kmix.where_the_bits_go("q4_k_m", small, 30)
+    assert parts["total"] == pytest.approx(sum(v for k, v in parts.items() if k != "total"))
+    assert round(parts["total"], 2) == 6.17 and parts["base"] == 4.5
+    assert round(parts["head"], 2) == 0.84 and round(parts["fallbacks"], 2) == 0.60
+    assert round(parts["upgrades"] + parts["norms"], 2) == 0.22
+    big = kmix.llama_shapes(32, 4096, 14336, 1024, 128256, tied=False)
+    big_parts = kmix.where_the_bits_go("q4_k_m", big, 32)
+    assert round(big_parts["total"], 4) == 4.8944 and big_parts["fallbacks"] == 0
+    with pytest.raises(ValueError, match="base type"):
+        kmix.where_the_bits_go("q3_k_m", small, 30)
+    with pytest.raises(ValueError, match="token_embd"):
+        kmix.where_the_bits_go("q4_k_m", {}, 30)
+    with pytest.raises(ValueError, match="hidden must be a whole number"):
+        kmix.llama_shapes(30, 0, 1536, 192, 49152, tied=True)
+
+
 def test_file_bytes_and_refusals():
     types = {"a": "q4_k", "b": "q5_0", "c": "f16"}
     shapes = {"a": (10, 512), "b": (3, 64), "c": (2, 8)}
