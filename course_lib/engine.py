@@ -164,7 +164,8 @@ def score(model, ids, window: int = 512, n_windows: int = 2, ref=None,
     """Perplexity of the engine on ``n_windows`` disjoint windows of ``window`` tokens of
     ``ids``, each scored alone (``window - 1`` predictions per window): the protocol of
     ``smollm.reference``. With ``ref`` (that function's result on the same windows), also
-    the KL divergence from the course's model and the top-1 agreement (lesson 13)."""
+    the KL divergence from the course's model and the top-1 agreement, and ``windows``: each
+    figure per window (``nll_nats``, ``kl_nats``, ``top1_agreement``; lessons 13, 14)."""
     from course_lib import eval as ceval
     for name, v, lo in (("window", window, 2), ("n_windows", n_windows, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
@@ -175,11 +176,14 @@ def score(model, ids, window: int = 512, n_windows: int = 2, ref=None,
                          f"tokens; ids holds {len(ids)}")
     llm = _as_llm(model, window, threads)
     nll, kl, top1, n = 0.0, 0.0, 0.0, 0
+    per = {"nll_nats": [], "kl_nats": [], "top1_agreement": []}        # one figure a window
     for w in range(n_windows):
         block = ids[w * window:(w + 1) * window]                            # (window,)
         lp = torch.log_softmax(logits(llm, block[:-1]), -1)                  # (window-1, V)
         tgt = block[1:]
-        nll -= float(lp.gather(1, tgt[:, None]).sum())
+        w_nll = -float(lp.gather(1, tgt[:, None]).sum())
+        nll += w_nll
+        per["nll_nats"].append(w_nll / len(tgt))
         if ref is not None:
             r = ref.logprobs[n:n + window - 1]
             if r.shape != lp.shape or not torch.equal(ref.targets[n:n + window - 1], tgt):
@@ -188,11 +192,13 @@ def score(model, ids, window: int = 512, n_windows: int = 2, ref=None,
             k, t1 = ceval.kl_and_top1(r, lp)
             kl += k * len(tgt)
             top1 += t1 * len(tgt)
+            per["kl_nats"].append(k)
+            per["top1_agreement"].append(t1)
         n += len(tgt)
     out = {"perplexity": math.exp(nll / n), "predictions": n, "n_windows": n_windows,
            "window": window}
     if ref is not None:
-        out.update(kl_nats=kl / n, top1_agreement=top1 / n)
+        out.update(kl_nats=kl / n, top1_agreement=top1 / n, windows=per)
     return out
 
 

@@ -60,7 +60,13 @@ def _mix_counts(pick: dict) -> dict:
     return counts
 
 
-def write_table(n_windows: int = 2, calib_windows: int = 2, runs: int = 3,
+#: The table's protocol: the clean split; the importance matrix and the sensitivity scan read its
+#: calibration text, every file is scored on its first N_WINDOWS evaluation windows, each window
+#: kept apart (per-window figures: a comparison's spread, course_lib.protocol.paired).
+PROTOCOL, N_WINDOWS = "clean", 8
+
+
+def write_table(n_windows: int = N_WINDOWS, calib_windows: int = 2, runs: int = 3,
                 new_tokens: int = 32, threads: int | None = None, work_dir=None,
                 path: Path = RESULTS_FILE) -> dict | None:
     """Every file of the table written, scored through the engine on ``n_windows`` windows of
@@ -89,13 +95,13 @@ def write_table(n_windows: int = 2, calib_windows: int = 2, runs: int = 3,
         if (out_dir / "ref.pt").exists():
             ref = ceval.Reference(**torch.load(out_dir / "ref.pt"))
         else:
-            ref = smollm.reference(model, n_windows)
+            ref = smollm.reference(model, n_windows, protocol=PROTOCOL)
             torch.save(dict(vars(ref)), out_dir / "ref.pt")
         if (out_dir / "imatrix.npz").exists():
             imx = dict(np.load(out_dir / "imatrix.npz"))
         else:
             imx = imatrix.gguf_names(imatrix.collect(
-                model, cal.calibration_ids("smollm2", calib_windows, 512)))
+                model, cal.calibration_ids("smollm2", calib_windows, 512, protocol=PROTOCOL)))
             np.savez(out_dir / "imatrix.npz", **imx)
         del model
         files, notes = {"F16": f16}, {}
@@ -150,8 +156,9 @@ def write_table(n_windows: int = 2, calib_windows: int = 2, runs: int = 3,
                      "mib": s["mib"], "bits_per_weight": s["bits_per_weight"],
                      "linear_bytes": linear_bytes(mix_rows),
                      "types": {t: c for t, (c, _) in s["by_type"].items()}}
-                sc = engine.score(f, smollm.eval_ids(), 512, n_windows, ref, threads)
-                r.update({k: sc[k] for k in ("perplexity", "kl_nats", "top1_agreement")})
+                sc = engine.score(f, smollm.eval_ids(PROTOCOL), 512, n_windows, ref, threads)
+                r.update({k: sc[k] for k in ("perplexity", "kl_nats", "top1_agreement",
+                                             "windows")})
                 cache[name] = r
                 cache_file.write_text(json.dumps(cache, indent=1))
                 print(name, {k: r[k] for k in ("mib", "perplexity", "kl_nats")}, flush=True)
@@ -172,11 +179,15 @@ def write_table(n_windows: int = 2, calib_windows: int = 2, runs: int = 3,
             s = samples[r["file"]]
             r["tokens_per_s"] = {"runs": s, "median": statistics.median(s)}
         out = {"engine": f"llama-cpp-python=={engine.version()}",
-               "protocol": {"n_windows": n_windows, "window_tokens": 512,
+               "protocol": {"name": PROTOCOL, "n_windows": n_windows, "window_tokens": 512,
+                            "text": "the clean protocol's evaluation text (smollm.eval_ids"
+                                    "('clean')), never read by the importance matrix or the "
+                                    "scan, which choose",
                             "reference": "course fp32 LlamaModel, weights rounded to fp16",
                             "importance_matrix": {"windows": calib_windows, "tokens": 512,
                                                   "text": "calibration part of the reference "
-                                                          "text (methods.calibration)"},
+                                                          "text of the clean protocol "
+                                                          "(methods.calibration, seed 0)"},
                             "allocation": {"formats": list(ALLOC_FORMATS),
                                            "costs": "sensitivity scan (results/"
                                                     f"{sensitivity.RESULTS_FILE.name})"},
@@ -215,7 +226,7 @@ def main(argv=None) -> None:
     import argparse
     p = argparse.ArgumentParser(prog="python -m course_lib.kmix_table",
                                 description="lesson 14's engine table")
-    p.add_argument("--windows", type=int, default=2)
+    p.add_argument("--windows", type=int, default=N_WINDOWS)
     p.add_argument("--calib-windows", type=int, default=2)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=32)

@@ -5,8 +5,10 @@
 ``results/kquants_sensitivity_smollm2.json``): every Linear of SmolLM2 is quantized *alone* to
 a 4.5-bit format its width allows (Q4_K for the 1536-wide ``ffn_down``, Q4_0 for the 576-wide
 rest; llama.cpp's own rounding, :mod:`course_lib.kquants`), the rest kept at F16, and the KL
-divergence from the F16 model is measured on fixed windows of the evaluation text. Layers
-before the quantized one do not change, so their outputs are computed once and reused.
+divergence from the F16 model is measured on fixed windows of the *calibration* text
+(:func:`scan_windows`, the clean protocol's): the scan chooses the bits, so it never sees the
+evaluation windows that score the files it chooses. Layers before the quantized one do not
+change, so their outputs are computed once and reused.
 
 **The other formats** are not all measured: a tensor's cost at format f is estimated from its
 measured cost at the 4.5-bit format times the ratio of the importance-weighted weight errors,
@@ -41,9 +43,18 @@ MODULES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
 KINDS = tuple(MODULES)
 #: the formats the allocation chooses from (each where the width allows it).
 CANDIDATES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
-#: the protocol of the committed scan: the engine table's (course_lib.kmix_table) evaluation
-#: windows and importance-matrix calibration, 2 windows of 512 tokens each
+#: the protocol of the committed scan: 2 windows of 512 tokens of the clean protocol's
+#: calibration text (seed 1), and an importance matrix from 2 other draws (seed 0) of it
 WINDOWS, WINDOW, CAL_WINDOWS = 2, 512, 2
+PROTOCOL, SCAN_SEED = "clean", 1
+
+
+def scan_windows(n_windows: int = WINDOWS, window: int = WINDOW):
+    """The token windows (n_windows, window) the scan measures on (window - 1 predictions
+    each): calibration text of the clean protocol, drawn with :data:`SCAN_SEED` (lesson 14
+    re-measures the first live)."""
+    from course_lib.methods import calibration as cal
+    return cal.calibration_ids("smollm2", n_windows, window, SCAN_SEED, PROTOCOL)
 
 
 def low_format(cols: int) -> str:
@@ -114,10 +125,11 @@ def scan(model=None, n_windows: int = WINDOWS, window: int = WINDOW,
         model = f16_model()
     n_layers = model.config.num_hidden_layers
     layers = list(range(n_layers)) if layers is None else list(layers)
-    ids = smollm.eval_ids()[: n_windows * window].reshape(n_windows, window)
+    ids = scan_windows(n_windows, window)                    # (n, window), calibration text
     t0 = time.perf_counter()
     sc = Scanner(model, ids)
-    imx = imatrix.collect(model, cal.calibration_ids("smollm2", cal_windows, 512))
+    imx = imatrix.collect(model, cal.calibration_ids("smollm2", cal_windows, 512,
+                                                     protocol=PROTOCOL))
     jobs = [(i, k) for i in layers for k in kinds]
     if progress:
         from tqdm.auto import tqdm
@@ -137,10 +149,14 @@ def scan(model=None, n_windows: int = WINDOWS, window: int = WINDOW,
                      "bytes": {f: w.shape[0] * kquants.row_bytes(f, cols)
                                for f in candidates(cols)},
                      "weighted_error": err})
-    return {"protocol": {"n_windows": n_windows, "window_tokens": window,
+    return {"protocol": {"name": PROTOCOL, "n_windows": n_windows, "window_tokens": window,
+                         "text": f"calibration text of the clean protocol "
+                                 f"(sensitivity.scan_windows, seed {SCAN_SEED}): the scan "
+                                 f"chooses, so it never reads the evaluation text",
                          "reference": "course fp32 LlamaModel, weights rounded to fp16",
                          "quantized_alone_to": "q4_k (1536 wide), q4_0 (576 wide)",
-                         "importance_matrix": {"windows": cal_windows, "tokens": 512}},
+                         "importance_matrix": {"windows": cal_windows, "tokens": 512,
+                                               "text": "calibration text, seed 0"}},
             "seconds": round(time.perf_counter() - t0, 1), "rows": rows}
 
 

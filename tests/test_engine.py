@@ -5,6 +5,7 @@ against round-to-nearest on the same grid, and the engine wrapper's refusals.
 Skipped with one line when llama-cpp-python is not built (`make engine`); CI sets
 COURSE_REQUIRE_ENGINE=1, and then a missing engine fails instead."""
 import copy
+import math
 import os
 
 import numpy as np
@@ -201,3 +202,17 @@ def test_absent_engine_says_how_to_build_it(monkeypatch):
     with pytest.raises(ImportError, match="make engine"):
         engine.require()
     assert not engine.available() and "make engine" in engine.skip_reason()
+
+
+def test_score_keeps_each_window_apart(model16, files):
+    """engine.score's per-window figures (lesson 14's spread): two windows of the clean
+    protocol's evaluation text, each figure a window's mean, their mean the overall one."""
+    ids = smollm.eval_ids("clean")
+    ref = smollm.reference(model16, 2, 256, protocol="clean")
+    s = engine.score(files["q4_0"], ids, 256, 2, ref)
+    w = s["windows"]
+    assert len(w["kl_nats"]) == len(w["top1_agreement"]) == len(w["nll_nats"]) == 2
+    assert sum(w["kl_nats"]) / 2 == pytest.approx(s["kl_nats"], rel=1e-6)
+    assert sum(w["top1_agreement"]) / 2 == pytest.approx(s["top1_agreement"], rel=1e-6)
+    assert math.exp(sum(w["nll_nats"]) / 2) == pytest.approx(s["perplexity"], rel=1e-6)
+    assert w["kl_nats"][0] != w["kl_nats"][1]            # two texts, two figures

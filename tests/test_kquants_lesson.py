@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib import imatrix, kmix_table, sensitivity
+from course_lib import imatrix, kmix_table, sensitivity, smollm
 from course_lib.methods import gptq
 from course_lib.model import LlamaModel, ModelConfig
 
@@ -130,3 +130,20 @@ def test_heat_map_and_candidates():
     assert h.shape == (4, 7) and h[2, 6] == 0.5 and np.isnan(h[0, 0])
     assert sensitivity.candidates(576) == ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"]
     assert sensitivity.low_format(1536) == "q4_k" and sensitivity.low_format(576) == "q4_0"
+
+
+@pytest.mark.skipif(not smollm.available(), reason="SmolLM2 not converted")
+def test_the_scan_and_the_table_choose_on_calibration_text_only():
+    """The scan chooses the bits, so its windows are calibration text of the clean protocol,
+    sharing no 50-character run with the evaluation text that scores the mixes."""
+    from course_lib import data
+    w = sensitivity.scan_windows()                                            # (2, 512)
+    cal = smollm.calibration_ids(protocol="clean")
+    assert w.shape == (sensitivity.WINDOWS, sensitivity.WINDOW)
+    for row in w:
+        starts = [s for s in range(0, len(cal) - len(row) + 1, len(row))
+                  if torch.equal(cal[s:s + len(row)], row)]
+        assert starts, "a scan window is not a window of the calibration text"
+        text = smollm.tokenizer().decode(row.tolist())
+        assert data.verbatim_overlap(text, smollm.texts("clean")[1], 50) == 0
+    assert sensitivity.PROTOCOL == kmix_table.PROTOCOL == "clean"

@@ -145,8 +145,6 @@ RESULTS = __import__("pathlib").Path(__file__).resolve().parent.parent / "result
 #: The list only shrinks: a table rerun on "clean" must leave it (the test below says so).
 PENDING_V1 = {
     "engine_smollm2.json": "python -m course_lib.engine table",
-    "kquants_engine_smollm2.json": "python -m course_lib.kmix_table",
-    "kquants_sensitivity_smollm2.json": "python -m course_lib.sensitivity scan",
     "kv_smollm2.json": "python -m course_lib.kv --model smollm2 --windows 4",
     "llm_compressor_smollm2.json": "python tools/llm_compressor_reference.py",
     "llm_int8_smollm2.json": "python -m course_lib.methods.llm_int8 --model smollm2",

@@ -83,20 +83,25 @@ def bundled_calibration_text(max_bytes: int = 4_000_000) -> bytes:
 
 
 def calibration_ids(model_name: str = "bundled", n_windows: int | None = None,
-                    window: int | None = None, seed: int = 0) -> torch.Tensor:
+                    window: int | None = None, seed: int = 0,
+                    protocol: str | None = None) -> torch.Tensor:
     """Calibration token windows (n, T) for ``"bundled"`` or ``"smollm2"`` (lesson 06).
 
     bundled: windows of its training split (default 64 x 256 bytes); smollm2: windows of the
     calibration part of the bundled reference text (default 64 x 512 tokens, the protocol
-    llm-compressor's figures in lesson 06 use).
+    llm-compressor's figures in lesson 06 use) under ``protocol`` ("clean" or "v1": see
+    ``course_lib.smollm.PROTOCOLS``; None: its default).
     """
     if model_name == "bundled":
         from course_lib import data
+        if protocol is not None:
+            raise ValueError("protocol applies to SmolLM2's English text only; the bundled "
+                             "model's calibration is its training split")
         ids = data.to_tensor(bundled_calibration_text())                   # (N,)
         return windows_from_ids(ids, n_windows or BUNDLED_WINDOWS, window or BUNDLED_WINDOW, seed)
     if model_name == "smollm2":
         from course_lib import smollm
-        ids = smollm.calibration_ids()                                      # (N,)
+        ids = smollm.calibration_ids(protocol=protocol)                     # (N,)
         return windows_from_ids(ids, n_windows or 64, window or 512, seed)
     raise ValueError(f"unknown model {model_name!r}; known: 'bundled', 'smollm2'")
 
