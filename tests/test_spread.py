@@ -5,6 +5,7 @@ number with a committed one, rerun under settings that make one machine dispatch
 These tests hold the lessons' bands to it: every band at least MARGIN (3x) the largest deviation
 measured, every measured quantity with a band, every probe pointing at the cell that checks it.
 """
+import ast
 import json
 import math
 import sys
@@ -93,7 +94,14 @@ def test_each_probe_points_at_the_cell_that_checks_its_numbers(key):
         assert "spread.check(" in src or "assert" in src, (
             f"{probe.notebook} code cell {cap.cell} no longer checks the live numbers it is "
             "probed for: update the probe in tools/cpu_spread.py")
-        cpu_spread.without_asserts(src)       # parses
+        # and it is the cell that computes them: some name the probe reads is assigned there
+        # (an inserted cell shifts the indices; a check alone would still pass on the wrong cell)
+        used = {n.id for n in ast.walk(ast.parse(cap.expr, mode="eval"))
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        tree = ast.parse(cpu_spread.without_asserts(src))         # parses
+        stored = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        assert used & stored, (f"{probe.notebook} code cell {cap.cell} assigns none of {sorted(used)}: "
+                               "update the probe's cell index in tools/cpu_spread.py")
 
 
 def test_without_asserts_keeps_the_computation():

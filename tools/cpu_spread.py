@@ -87,15 +87,15 @@ PROBES = {
                    'sum(r["n_columns"] for r in saved["report"] if r["layer"] in acts)]}'),
     )),
     "06": Probe("notebooks/06_gptq.ipynb", (
-        Capture(12, '{f"06 bundled {m} KL": [live[m]["kl_nats"], table.find(sl["rows"], m, '
+        Capture(14, '{f"06 bundled {m} KL": [live[m]["kl_nats"], table.find(sl["rows"], m, '
                     'sl["bits"], sl["group_size"])["kl_nats"]] for m in live}'),
-        Capture(14, '{f"06 SmolLM2 {m} KL": [sm_live[m]["kl_nats"], table.find(ssl["rows"], m, '
+        Capture(16, '{f"06 SmolLM2 {m} KL": [sm_live[m]["kl_nats"], table.find(ssl["rows"], m, '
                     'ssl["bits"], ssl["group_size"])["kl_nats"]] for m in sm_live}'),
     )),
     "07": Probe("notebooks/07_awq.ipynb", (
         Capture(8, '{f"07 bundled {m} KL": [live[m]["kl_nats"], table.find(sl["rows"], m, '
                    'sl["bits"], sl["group_size"])["kl_nats"]] for m in live}'),
-        Capture(12, '{f"07 SmolLM2 {m} KL": [sm_live[m]["kl_nats"], table.find(ssl["rows"], m, '
+        Capture(13, '{f"07 SmolLM2 {m} KL": [sm_live[m]["kl_nats"], table.find(ssl["rows"], m, '
                     'ssl["bits"], ssl["group_size"])["kl_nats"]] for m in sm_live}'),
     )),
     "08": Probe("notebooks/08_smoothquant_w8a8.ipynb", (
@@ -105,17 +105,17 @@ PROBES = {
                    'for r in live}}'),
     )),
     "11": Probe("notebooks/11_kv_cache.ipynb", (
-        Capture(13, '{f"11 {f} {k}": [rows[f][0][k], stored["live"]["scores"][f][k]] '
+        Capture(16, '{f"11 {f} {k}": [rows[f][0][k], stored["live"]["scores"][f][k]] '
                     'for f in kv.LIVE_FORMATS for k in ("ppl", "kl")}'),
     )),
     "12": Probe("notebooks/12_validate_and_choose.ipynb", (
-        Capture(11, '({"12 SmolLM2 W4 g32 perplexity": [live["perplexity"], slice_w4["perplexity"]], '
+        Capture(12, '({"12 SmolLM2 W4 g32 perplexity": [live["perplexity"], slice_w4["perplexity"]], '
                     '"12 SmolLM2 W4 g32 KL": [live["kl_nats"], slice_w4["kl_nats"]]} if HAVE_SMOLLM '
                     'else {"12 bundled W3 g128 RTN KL": [live["kl_nats"], stored["kl_nats"]]})'),
     )),
     # lesson 12 on a machine without SmolLM2: it recomputes the bundled model's row instead
     "12b": Probe("notebooks/12_validate_and_choose.ipynb", (
-        Capture(11, '({"12 bundled W3 g128 RTN KL": [live["kl_nats"], stored["kl_nats"]]} '
+        Capture(12, '({"12 bundled W3 g128 RTN KL": [live["kl_nats"], stored["kl_nats"]]} '
                     'if not HAVE_SMOLLM else {})'),
     ), prelude="import course_lib.smollm as _sm\n_sm.available = lambda: False"),
     # solutions: live numbers against live numbers, with a margin
@@ -137,10 +137,10 @@ PROBES = {
                    'if HAVE_ENGINE else {})'),
     )),
     "14": Probe("notebooks/14_k_quants.ipynb", (
-        Capture(16, '{f"14 SmolLM2 blk.{layer}.{kind} KL": [live_kl[layer, kind], '
+        Capture(17, '{f"14 SmolLM2 blk.{layer}.{kind} KL": [live_kl[layer, kind], '
                     'committed[f"blk.{layer}.{kind}.weight"]["kl_nats"][0]] '
                     'for layer, kind in live_kl}'),
-        Capture(20, '({"14 engine course mix KL": [sc["kl_nats"], by_file[name]["kl_nats"]]} '
+        Capture(21, '({"14 engine course mix KL": [sc["kl_nats"], committed]} '
                     'if HAVE_ENGINE else {})'),
     )),
 }
