@@ -350,6 +350,16 @@ SLICE_VARIANTS = ("W4 g32", "W3 g32")
 RESULTS_FILE = Path(__file__).resolve().parent.parent / "results" / "smollm2_rtn.json"
 
 
+def _block_linears(model: LlamaModel, what: str) -> list[torch.nn.Linear]:
+    """The Linear layers inside ``model.layers`` (embeddings and the tied head excluded)."""
+    found = [mod for name, mod in model.named_modules()
+             if isinstance(mod, torch.nn.Linear) and ".layers." in f".{name}"]
+    if not found:
+        raise ValueError(f"the model has no Linear layers inside model.layers: nothing to "
+                         f"{what} (is it a course LlamaModel with its blocks?)")
+    return found
+
+
 def requantize_q4_1(model: LlamaModel) -> tuple[LlamaModel, float]:
     """A copy of ``model`` with every block Linear re-quantized by Q4_1's own rule (lesson 04),
     and the largest weight change (0.0 for the reference: its grid is reproduced exactly)."""
@@ -357,17 +367,12 @@ def requantize_q4_1(model: LlamaModel) -> tuple[LlamaModel, float]:
     from course_lib.gguf_model import quantize_q4_1
     _course_model(model, "requantize_q4_1")
     qm = copy.deepcopy(model)
-    worst, n = 0.0, 0
-    for name, mod in qm.named_modules():
-        if isinstance(mod, torch.nn.Linear) and ".layers." in f".{name}":
-            w = mod.weight.data
-            new = quantize_q4_1(w).dequantize().to(w.dtype)
-            worst = max(worst, float((new - w).abs().max()))
-            mod.weight.data = new
-            n += 1
-    if n == 0:
-        raise ValueError("the model has no Linear layers inside model.layers: nothing to "
-                         "re-quantize (is it a course LlamaModel with its blocks?)")
+    worst = 0.0
+    for mod in _block_linears(qm, "re-quantize"):
+        w = mod.weight.data
+        new = quantize_q4_1(w).dequantize().to(w.dtype)
+        worst = max(worst, float((new - w).abs().max()))
+        mod.weight.data = new
     return qm, worst
 
 
@@ -397,18 +402,14 @@ def off_grid(model: LlamaModel, size: float = OFF_GRID_SIZE, seed: int = 0
     g = torch.Generator().manual_seed(_whole("seed", seed, 0))
     qm = copy.deepcopy(model)
     noise_sq = weight_sq = 0.0
-    for name, mod in qm.named_modules():
-        if isinstance(mod, torch.nn.Linear) and ".layers." in f".{name}":
-            w = mod.weight.data                                              # (out, in)
-            step = quantize_q4_1(w).scale.float()                            # (out, in/32)
-            step = step.repeat_interleave(w.shape[1] // step.shape[1], 1)    # (out, in)
-            noise = torch.randn(w.shape, generator=g) * step * size          # (out, in)
-            mod.weight.data = w + noise.to(w.dtype)
-            noise_sq += float(noise.pow(2).sum())
-            weight_sq += float(w.pow(2).sum())
-    if weight_sq == 0:
-        raise ValueError("the model has no Linear layers inside model.layers: nothing to move "
-                         "off the grid")
+    for mod in _block_linears(qm, "move off the grid"):
+        w = mod.weight.data                                                  # (out, in)
+        step = quantize_q4_1(w).scale.float()                                # (out, in/32)
+        step = step.repeat_interleave(w.shape[1] // step.shape[1], 1)        # (out, in)
+        noise = torch.randn(w.shape, generator=g) * step * size              # (out, in)
+        mod.weight.data = w + noise.to(w.dtype)
+        noise_sq += float(noise.pow(2).sum())
+        weight_sq += float(w.pow(2).sum())
     return qm, (noise_sq / weight_sq) ** 0.5
 
 

@@ -409,3 +409,22 @@ def test_reference_refuses_more_windows_than_the_text_holds(smol):
     n = len(smollm.eval_ids())
     with pytest.raises(ValueError, match=f"need {64 * 8192} tokens but the evaluation text has {n}"):
         smollm.reference(smol, n_windows=64, window=8192)
+
+
+def test_off_grid_moves_every_block_weight_by_its_grid_step():
+    """smollm.off_grid (lesson 04's general case): noise of 1/sqrt(12) of each Q4_1 block's step
+    on every block Linear, the same on every call, the embeddings untouched."""
+    model = _tiny_llama()
+    moved, rel = smollm.off_grid(model)
+    again, rel2 = smollm.off_grid(model)
+    assert rel == rel2 and 0 < rel < 0.5
+    for (name, a), b in zip(model.named_parameters(), moved.parameters()):
+        if ".layers." in name and name.endswith("proj.weight"):
+            assert not torch.equal(a, b), name
+        elif "embed" in name:
+            assert torch.equal(a, b), name
+    assert all(torch.equal(p, q) for p, q in zip(moved.parameters(), again.parameters()))
+    with pytest.raises(ValueError, match="grid steps"):
+        smollm.off_grid(model, size=2.0)
+    with pytest.raises(ValueError, match="no Linear layers inside model.layers"):
+        smollm.off_grid(_tiny_llama(layers=0))
