@@ -28,12 +28,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("1 formats and quantizers", (
         "course_lib.paths", "course_lib.device", "course_lib.compare", "course_lib.spread",
         "course_lib.formats", "course_lib.quant",
-        "course_lib.kquants")),   # lesson 14
+        "course_lib.kquants",   # lesson 14
+        "course_lib.hadamard")),   # lesson 16
     ("2 model, loaders and evaluation", (
         "course_lib.data", "course_lib.model", "course_lib.eval", "course_lib.protocol", "course_lib.qmodel",
         "course_lib.activations", "course_lib.gguf_model", "course_lib.smollm",
         "course_lib.kmix", "course_lib.imatrix",   # lesson 14
-        "course_lib.train", "course_lib.validate", "course_lib.hardware")),
+        "course_lib.train", "course_lib.validate", "course_lib.hardware",
+        "course_lib.rotate")),   # lesson 16
     ("3 methods and the KV cache", (
         "course_lib.methods", "course_lib.kv", "course_lib.export",
         "course_lib.sensitivity", "course_lib.qat")),   # lesson 14; qat: lesson 15
