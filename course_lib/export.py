@@ -49,12 +49,15 @@ def pack_int32(codes: torch.Tensor, bits: int, dim: int = 1) -> torch.Tensor:
     """Pack unsigned codes (0..2**bits-1) ``32 // bits`` per int32 along ``dim`` (first element
     in the lowest bits), as compressed-tensors' ``pack_to_int32`` does for 4 and 8 bits."""
     if isinstance(bits, bool) or bits not in SUPPORTED_BITS:
-        raise ValueError(f"pack-quantized checkpoints here hold 4- or 8-bit codes; got {bits!r}")
+        raise ValueError(f"bits must be 4 or 8 (pack-quantized checkpoints here hold 4- or 8-bit "
+                         f"codes); got {bits!r}")
     if not isinstance(codes, torch.Tensor) or codes.dim() != 2 or codes.is_floating_point() \
             or codes.dtype == torch.bool or codes.numel() == 0:
         raise ValueError("codes must be a non-empty 2-D integer tensor (rows, cols) of unsigned "
                          "codes; got " + (f"{codes.dtype} of shape {tuple(codes.shape)}"
-                                          if isinstance(codes, torch.Tensor) else type(codes).__name__))
+                                          if isinstance(codes, torch.Tensor) else
+                                          f"{type(codes).__name__} (torch.from_numpy converts "
+                                          f"an array)"))
     if dim not in (0, 1) or isinstance(dim, bool):
         raise ValueError(f"dim is the axis to pack along, 0 or 1; got {dim!r}")
     per = 32 // bits
@@ -121,6 +124,10 @@ def quantization_config(bits: int, group_size: int, symmetric: bool,
                          f"{group_size!r}")
     if not isinstance(symmetric, bool):
         raise TypeError(f"symmetric must be True or False; got {symmetric!r}")
+    if isinstance(ignore, str) or not isinstance(ignore, (list, tuple)) \
+            or not all(isinstance(n, str) for n in ignore):
+        raise TypeError(f"ignore must be a list of module names such as ['lm_head'] (a single "
+                        f"string would be read one letter at a time); got {ignore!r}")
     return {"quant_method": "compressed-tensors", "format": "pack-quantized",
             "quantization_status": "compressed", "version": COMPRESSED_TENSORS_VERSION,
             "config_groups": {"group_0": {
@@ -133,7 +140,7 @@ def quantization_config(bits: int, group_size: int, symmetric: bool,
 
 def export_compressed(model: nn.Module, folder: str | Path, dtype: torch.dtype = torch.bfloat16,
                       tokenizer_json: str | Path | None = None,
-                      strict_scales: bool = True) -> Path:
+                      strict_scales: bool = True, overwrite: bool = False) -> Path:
     """Write ``model`` (its Linears GroupQuantLinear from RTN / GPTQ / AWQ) as a compressed-tensors
     pack-quantized checkpoint in ``folder`` (lessons 06-07). Returns the folder.
 
@@ -141,7 +148,20 @@ def export_compressed(model: nn.Module, folder: str | Path, dtype: torch.dtype =
     scales that are not exactly representable in ``dtype`` (the checkpoint would then compute
     with rounded scales, not the ones the method used); quantize with ``scale_dtype=dtype``.
     tokenizer_json: a tokenizer.json to copy; default: the byte-level one for a 256-token model.
+    A folder that already holds a checkpoint (config.json, *.safetensors, ...) is refused unless
+    ``overwrite=True``, which replaces that checkpoint's files (other files stay).
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a course model quantized by a method (an nn.Module with "
+                        f"GroupQuantLinear layers); got {type(model).__name__}")
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"folder must be a folder path (str or Path); got {type(folder).__name__}")
+    for name, v in (("strict_scales", strict_scales), ("overwrite", overwrite)):
+        if not isinstance(v, bool):
+            raise TypeError(f"{name} must be True or False; got {v!r}")
+    if tokenizer_json is not None and not isinstance(tokenizer_json, (str, os.PathLike)):
+        raise TypeError(f"tokenizer_json must be None or the path of a tokenizer.json; got "
+                        f"{type(tokenizer_json).__name__}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point torch dtype (torch.bfloat16 or "
                         f"torch.float16 for vLLM); got {dtype!r}")
@@ -176,6 +196,12 @@ def export_compressed(model: nn.Module, folder: str | Path, dtype: torch.dtype =
         raise ValueError("asymmetric zero points are packed along the rows: out_features must "
                          f"be a multiple of {32 // bits}")
     folder = Path(folder)
+    existing = sorted({p.name for pattern in CHECKPOINT_PATTERNS for p in folder.glob(pattern)
+                       if p.is_file()}) if folder.is_dir() else []
+    if existing and not overwrite:
+        raise FileExistsError(f"{folder} already holds a checkpoint ({', '.join(existing[:3])}"
+                              f"{' ...' if len(existing) > 3 else ''}); pass overwrite=True to "
+                              f"replace it (or choose another folder)")
     with _staging_folder(folder) as tmp:
         _write_compressed(model, tmp, layers, bits, group_size, symmetric, dtype, tokenizer_json,
                           strict_scales)
@@ -292,9 +318,9 @@ def _gguf_name(hf_name: str) -> str:
                      f"course LlamaModel?)")
 
 
-def _check_gguf_format(fmt) -> str:
+def _check_gguf_format(fmt, name: str = "fmt") -> str:
     if not isinstance(fmt, str) or fmt.lower() not in GGUF_FORMATS:
-        raise ValueError(f"fmt must be one of {sorted(GGUF_FORMATS)} (the formats this writer "
+        raise ValueError(f"{name} must be one of {sorted(GGUF_FORMATS)} (the formats this writer "
                          f"lays out bit for bit as llama.cpp does); got {fmt!r}. K-quants "
                          f"(Q4_K_M ...) come from llama.cpp's own quantizer")
     return fmt.lower()
@@ -312,6 +338,16 @@ def block_weights(m: GroupQuantLinear, fmt: str, strict_scales: bool = True):
     (the q4_1 grid's offset is m; a zero point z gives ``m = -z * s``). The scales (and minima) must be
     exact in fp16, as the file stores them (``strict_scales=False`` rounds them)."""
     from course_lib.gguf_model import BLOCK, BlockQuantized
+    if not isinstance(m, GroupQuantLinear):
+        raise TypeError(f"m must be a method's quantized Linear (GroupQuantLinear, from "
+                        f"calibration.rtn_model, gptq or awq); got {type(m).__name__}: a plain "
+                        f"weight goes through gguf_model.quantize_q4_0 / quantize_q8_0 instead")
+    if not isinstance(fmt, str) or fmt.lower() not in ("q4_0", "q4_1", "q8_0"):
+        raise ValueError(f"fmt must be 'q4_0', 'q4_1' or 'q8_0' (the block formats a method's "
+                         f"codes go into); got {fmt!r}")
+    fmt = fmt.lower()
+    if not isinstance(strict_scales, bool):
+        raise TypeError(f"strict_scales must be True or False; got {strict_scales!r}")
     want = {"q4_0": (4, True), "q8_0": (8, True), "q4_1": (4, False)}[fmt]
     if (m.bits, m.symmetric) != want or m.group_size != BLOCK:
         kind = f"int{m.bits} {'sym' if m.symmetric else 'asym'} g{m.group_size}"
@@ -360,6 +396,27 @@ def _gguf_tensor(name: str, t: torch.Tensor, mod, fmt: str, embed_fmt: str,
         if kind != "f16":
             value = QUANTIZERS[kind](value)
     return gname, value, kind
+
+
+def _f16_weights(value: torch.Tensor, name: str):
+    """A weight (out, in) as F16 data, refusing one whose nonzero blocks of 32 weights (whole
+    rows when the width is not a multiple of 32) would all round to 0 in fp16: below fp16's
+    smallest step, 6e-08, the weights would be lost without a word. (Values past fp16's
+    range, which become inf, are refused by gguf_model.write_gguf.)"""
+    h = value.half()
+    if bool(((value != 0) & (h == 0)).any()):
+        per = 32 if value.shape[-1] % 32 == 0 else value.shape[-1]
+        v, hb = value.reshape(-1, per), h.reshape(-1, per)
+        lost = (v != 0).any(1) & (hb == 0).all(1)
+        if bool(lost.any()):
+            i = int(lost.nonzero()[0])
+            row = i * per // value.shape[-1]
+            raise ValueError(f"{name}: {int(lost.sum())} block(s) of {per} weights are nonzero "
+                             f"but all round to 0 in fp16 (the first: row {row}, "
+                             f"largest |w| {float(v[i].abs().max()):.3g}; fp16's smallest step is "
+                             f"6e-08): an F16 file would store zeros. Scale the weights up, or "
+                             f"check where values this small come from")
+    return h.numpy()
 
 
 class _Fields:
@@ -419,13 +476,14 @@ def export_gguf(model: nn.Module, path: str | os.PathLike, fmt: str = "q4_0",
     from course_lib.gguf_model import permute_rope_rows, write_gguf
     from course_lib.model import LlamaModel
     fmt = _check_gguf_format(fmt)
-    embed_fmt = _check_gguf_format(embed_fmt) if embed_fmt is not None else \
+    embed_fmt = _check_gguf_format(embed_fmt, "embed_fmt") if embed_fmt is not None else \
         ("f16" if fmt == "f16" else "q8_0")
     if not isinstance(model, LlamaModel):
         raise TypeError(f"export_gguf writes a course LlamaModel (smollm.load(), then a "
                         f"method); got {type(model).__name__}")
-    if not isinstance(overwrite, bool):
-        raise TypeError(f"overwrite must be True or False; got {overwrite!r}")
+    for name, v in (("overwrite", overwrite), ("strict_scales", strict_scales)):
+        if not isinstance(v, bool):
+            raise TypeError(f"{name} must be True or False; got {v!r}")
     from course_lib.smollm import file_target
     path = file_target(path, "path", "model.gguf")
     if path.suffix != ".gguf":
@@ -441,8 +499,11 @@ def export_gguf(model: nn.Module, path: str | os.PathLike, fmt: str = "q4_0",
         mod_name, _, leaf = name.rpartition(".")
         if leaf != "weight" or (name == "lm_head.weight" and cfg.tie_word_embeddings):
             continue
-        gname, value, kind = _gguf_tensor(name, t, mods.get(mod_name), fmt, embed_fmt,
-                                          strict_scales)
+        try:
+            gname, value, kind = _gguf_tensor(name, t, mods.get(mod_name), fmt, embed_fmt,
+                                              strict_scales)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
         if gname.endswith(("attn_q.weight", "attn_k.weight")):           # llama.cpp's rows
             heads = cfg.num_attention_heads if "attn_q" in gname else cfg.num_key_value_heads
             order = permute_rope_rows(value.codes.shape[0] if hasattr(value, "codes")
@@ -451,7 +512,7 @@ def export_gguf(model: nn.Module, path: str | os.PathLike, fmt: str = "q4_0",
         if kind is None:
             tensors.append((gname, value, None))
         elif kind == "f16":
-            tensors.append((gname, value.half().numpy(), None))
+            tensors.append((gname, _f16_weights(value, gname), None))
         else:
             tensors.append((gname, value.to_bytes(), getattr(T, kind.upper())))
-    return write_gguf(path, fields, GGUF_FORMATS[fmt], tensors)
+    return write_gguf(path, fields, GGUF_FORMATS[fmt], tensors, overwrite=overwrite)

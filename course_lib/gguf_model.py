@@ -24,6 +24,7 @@ that so the weights fit the Hugging Face layout that ``LlamaModel`` uses.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,7 +81,16 @@ class BlockQuantized:
         return w.reshape(out, cols)
 
     def rows(self, order: torch.Tensor) -> "BlockQuantized":
-        """The same weight with its output rows reordered (order: (out,) int64)."""
+        """The same weight with its output rows reordered (order: (out,) int64, a permutation
+        of the rows)."""
+        n = self.codes.shape[0]
+        if not isinstance(order, torch.Tensor) or order.dim() != 1 or order.is_floating_point() \
+                or order.numel() != n or not torch.equal(torch.sort(order.long()).values,
+                                                         torch.arange(n)):
+            raise ValueError(f"order must be a permutation of the {n} rows, a 1-D integer tensor "
+                             f"holding 0..{n - 1} once each (permute_rope_rows gives one); got "
+                             + (f"{tuple(order.shape)} {order.dtype}"
+                                if isinstance(order, torch.Tensor) else type(order).__name__))
         m = None if self.minimum is None else self.minimum[order]
         return BlockQuantized(self.kind, self.codes[order], self.scale[order], m)
 
@@ -93,13 +103,33 @@ class BlockQuantized:
         return pack_blocks(self)
 
 
+def _whole(v, name: str, minimum: int = 1) -> int:
+    """v as an int: a whole number >= ``minimum`` (not a bool, not a string)."""
+    ok = (not isinstance(v, bool) and isinstance(v, (int, float, np.integer, np.floating))
+          and np.isfinite(v) and int(v) == v and v >= minimum)
+    if not ok:
+        raise ValueError(f"{name} must be a whole number >= {minimum}; got {v!r}")
+    return int(v)
+
+
 def _raw_blocks(raw: np.ndarray, cols: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
     """Raw bytes (rows, cols/32 * block bytes) of a llama.cpp block format, checked, as blocks
     (rows, nb, block bytes), and each block's fp16 scale d from its first two bytes (rows, nb)."""
+    if isinstance(raw, torch.Tensor):
+        raw = raw.detach().cpu().numpy()
+    if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 2:
+        raise ValueError(f"raw must be the tensor's bytes, a 2-D uint8 array (rows, bytes per "
+                         f"row); got " + (f"{raw.shape} {raw.dtype}" if isinstance(raw, np.ndarray)
+                                          else type(raw).__name__))
+    cols = _whole(cols, "cols")
+    if cols % BLOCK:
+        raise ValueError(f"cols={cols}: a {kind.upper()} tensor stores blocks of {BLOCK} weights "
+                         f"per row, so its column count is a multiple of {BLOCK}")
     rows, nb, size = raw.shape[0], cols // BLOCK, BLOCK_BYTES[kind]
-    if cols % BLOCK or raw.shape[1] != nb * size:
+    if raw.shape[1] != nb * size:
         raise ValueError(f"a {kind.upper()} tensor of {cols} columns needs {nb * size} bytes per "
-                         f"row (blocks of 32); got {raw.shape[1]}: the file may be corrupt")
+                         f"row (blocks of 32); got {raw.shape[1]}: the file may be corrupt, or "
+                         f"cols is not the tensor's column count")
     blocks = raw.reshape(rows, nb, size)                                 # (rows, nb, bytes)
     return blocks, _fp16_at(blocks, 0)
 
@@ -168,14 +198,8 @@ def quantize_q4_1(w: torch.Tensor) -> BlockQuantized:
     Per block of 32: min and max; d = (max - min) / 15; q = trunc((w - min) / d + 0.5) clipped
     to 0..15 (computed with the unrounded d and min, then both stored as fp16).
     """
-    if w.dim() != 2 or not w.is_floating_point():
-        raise ValueError(f"expected a 2-D floating-point weight; got {tuple(w.shape)} {w.dtype}")
-    if w.shape[1] % BLOCK:
-        raise ValueError(f"Q4_1 needs the input width to be a multiple of 32; got {w.shape[1]}")
-    if not torch.isfinite(w).all():
-        raise ValueError("the weight holds NaN or inf: Q4_1 cannot represent them")
+    b = _blocks(w, "q4_1")                                               # (out, nb, 32)
     out, cols = w.shape
-    b = w.float().reshape(out, cols // BLOCK, BLOCK)                     # (out, nb, 32)
     lo = b.amin(-1, keepdim=True)                                        # (out, nb, 1)
     d = (b.amax(-1, keepdim=True) - lo) / 15                             # (out, nb, 1)
     fp16_max = float(torch.finfo(torch.float16).max)                     # 65504
@@ -188,15 +212,20 @@ def quantize_q4_1(w: torch.Tensor) -> BlockQuantized:
                          f"weight, or keep this tensor in F32/BF16")
     inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
     q = torch.trunc((b - lo) * inv + 0.5).clamp(0, 15).to(torch.uint8)   # (out, nb, 32)
-    return BlockQuantized("q4_1", q.reshape(out, cols), d[..., 0].half(), lo[..., 0].half())
+    dh, mh = d[..., 0].half(), lo[..., 0].half()
+    _no_lost_blocks(b, (dh == 0) & (mh == 0), "q4_1")                    # w = d q + m: both 0
+    return BlockQuantized("q4_1", q.reshape(out, cols), dh, mh)
 
 
 def _blocks(w: torch.Tensor, kind: str) -> torch.Tensor:
     """w (out, in) -> fp32 blocks (out, in/32, 32), refusing what a block format cannot hold."""
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.is_floating_point():
-        raise ValueError(f"{kind.upper()} quantizes a 2-D floating-point weight (out, in); got "
+        raise ValueError(f"{kind.upper()} quantizes a 2-D floating-point weight (out, in), a "
+                         f"torch tensor (torch.from_numpy for an array); got "
                          + (f"{tuple(w.shape)} {w.dtype}" if isinstance(w, torch.Tensor)
                             else type(w).__name__))
+    if w.shape[0] == 0:
+        raise ValueError(f"w has no rows (shape {tuple(w.shape)}): nothing to quantize")
     if w.shape[1] % BLOCK or w.shape[1] == 0:
         raise ValueError(f"{kind.upper()} stores blocks of {BLOCK} weights along each row: the "
                          f"input width must be a multiple of {BLOCK}; got {w.shape[1]}")
@@ -206,8 +235,36 @@ def _blocks(w: torch.Tensor, kind: str) -> torch.Tensor:
     return w.detach().float().reshape(out, cols // BLOCK, BLOCK)         # (out, nb, 32)
 
 
+def _fp16_scales(d: torch.Tensor, kind: str) -> torch.Tensor:
+    """Block scales as the file stores them (fp16), refusing one that overflows to inf."""
+    h = d.half()
+    if not bool(torch.isfinite(h).all()):
+        big = float(d[~torch.isfinite(h)].abs().max())
+        raise ValueError(f"a {kind.upper()} scale of {big:.4g} overflows fp16 (largest 65504): "
+                         f"the block would decode as inf/NaN (llama.cpp would store it so, "
+                         f"silently). Rescale the weight, or keep this tensor in F32/BF16")
+    return h
+
+
+def _no_lost_blocks(b: torch.Tensor, zero: torch.Tensor, kind: str) -> None:
+    """Refuse blocks b (out, nb, 32) that hold nonzero weights but whose fp16 scale (and
+    minimum) rounded to 0 (``zero`` (out, nb)): they would decode as all zeros."""
+    lost = zero & (b.abs().amax(-1) > 0)
+    if bool(lost.any()):
+        r, k = (int(i) for i in lost.nonzero()[0])
+        raise ValueError(f"{int(lost.sum())} {kind.upper()} block(s) hold nonzero weights (the "
+                         f"first: row {r}, columns {k * BLOCK}..{k * BLOCK + BLOCK - 1}, largest "
+                         f"|w| {float(b[r, k].abs().max()):.3g}) but their scale rounds to 0 in "
+                         f"fp16 (its smallest step is 6e-08): they would decode as all zeros "
+                         f"(llama.cpp would store them so, silently). Scale the weight up, or "
+                         f"keep this tensor in F16/F32")
+
+
 def reciprocal_or_zero(d: torch.Tensor) -> torch.Tensor:
     """llama.cpp's ``id = d ? 1.0f/d : 0.0f`` in fp32 (an all-zero block gets codes 0)."""
+    if not isinstance(d, torch.Tensor):
+        raise TypeError(f"d must be a torch tensor of scales (torch.from_numpy for an array); "
+                        f"got {type(d).__name__}")
     d = d.float()
     return torch.where(d != 0, 1.0 / d, 0.0)
 
@@ -227,7 +284,9 @@ def quantize_q4_0(w: torch.Tensor) -> BlockQuantized:
     d = mx / -8.0
     q = torch.trunc(b * reciprocal_or_zero(d) + 8.5).clamp(max=15)              # (out, nb, 32) 0..15
     codes = (q.to(torch.int16) - 8).to(torch.int8)
-    return BlockQuantized("q4_0", codes.reshape(out, nb * BLOCK), d[..., 0].half(), None)
+    dh = _fp16_scales(d[..., 0], "q4_0")
+    _no_lost_blocks(b, dh == 0, "q4_0")
+    return BlockQuantized("q4_0", codes.reshape(out, nb * BLOCK), dh, None)
 
 
 def quantize_q8_0(w: torch.Tensor) -> BlockQuantized:
@@ -241,8 +300,9 @@ def quantize_q8_0(w: torch.Tensor) -> BlockQuantized:
     d = b.abs().amax(-1, keepdim=True) / 127.0                           # (out, nb, 1) fp32
     x = (b * reciprocal_or_zero(d)).double()                                    # exact copy of fp32
     q = torch.trunc(x + 0.5 * torch.sign(x))                             # roundf
-    return BlockQuantized("q8_0", q.to(torch.int8).reshape(out, nb * BLOCK), d[..., 0].half(),
-                          None)
+    dh = _fp16_scales(d[..., 0], "q8_0")
+    _no_lost_blocks(b, dh == 0, "q8_0")
+    return BlockQuantized("q8_0", q.to(torch.int8).reshape(out, nb * BLOCK), dh, None)
 
 
 QUANTIZERS = {"q4_0": quantize_q4_0, "q4_1": quantize_q4_1, "q8_0": quantize_q8_0}
@@ -296,7 +356,8 @@ def unpermute_rope_rows(n_rows: int, n_heads: int) -> torch.Tensor:
     The converter stores head h's rows as (pair p, half j) -> p * 2 + j; Hugging Face keeps the
     two halves apart: j * (hd/2) + p. Returns a (n_rows,) index.
     """
-    if n_heads < 1 or n_rows % n_heads or (n_rows // n_heads) % 2:
+    n_rows, n_heads = _whole(n_rows, "n_rows"), _whole(n_heads, "n_heads")
+    if n_rows % n_heads or (n_rows // n_heads) % 2:
         raise ValueError(f"n_rows ({n_rows}) must split into n_heads ({n_heads}) heads of an "
                          f"even size (RoPE rotates pairs)")
     hd = n_rows // n_heads
@@ -305,18 +366,67 @@ def unpermute_rope_rows(n_rows: int, n_heads: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- the file
-def write_gguf(path: str | Path, fields, file_type: int, tensors) -> Path:
+def write_gguf(path: str | Path, fields, file_type: int, tensors, overwrite: bool = False
+               ) -> Path:
     """Write a GGUF file atomically (lessons 13, 14): ``fields`` as read from another GGUF file,
     ``(key, value type, value, sub type)``, copied except the reader's own ``GGUF.*`` entries and
     the architecture and file type (set here: ``file_type`` is llama.cpp's number);
-    ``tensors`` ``[(name, data, raw type or None)]``. The file appears complete or not at all.
+    ``tensors`` ``[(name, data, raw type or None)]``: ``data`` a NumPy array, float32 or
+    float16 (finite) when ``raw`` is None, else the block format's bytes (rows, bytes per row).
+    The file appears complete or not at all. An existing file is refused unless
+    ``overwrite=True``.
     """
-    import os
     import tempfile
 
-    from gguf import GGUFValueType, GGUFWriter
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a file path (str or Path); got {type(path).__name__}")
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"overwrite must be True or False; got {overwrite!r}")
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{str(path)!r} is a folder; pass the path of the .gguf file to "
+                                f"write")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; pass overwrite=True to replace it (or choose "
+                              f"another name)")
+    _whole(file_type, "file_type (llama.cpp's number, e.g. 1 for F16)", minimum=0)
+    if isinstance(fields, (str, bytes, dict)) or not all(
+            isinstance(f, (tuple, list)) and len(f) == 4 and isinstance(f[0], str)
+            for f in fields):
+        raise TypeError("fields must be a list of (key, value type, value, sub type) entries, "
+                        "as read_metadata returns")
+    if isinstance(tensors, (str, bytes, dict)):
+        raise TypeError(f"tensors must be a list of (name, data, raw type or None); got "
+                        f"{type(tensors).__name__}")
+    tensors = list(tensors)
+    seen = set()
+    for i, t in enumerate(tensors):
+        if not isinstance(t, (tuple, list)) or len(t) != 3 or not isinstance(t[0], str):
+            raise TypeError(f"tensors[{i}] must be (name, data, raw type or None); got "
+                            f"{type(t).__name__}")
+        name, data, raw = t
+        if name in seen:
+            raise ValueError(f"tensor name {name!r} appears twice in tensors")
+        seen.add(name)
+        if not isinstance(data, np.ndarray):
+            raise TypeError(f"{name}: data must be a NumPy array; got {type(data).__name__}"
+                            f"{' (call .numpy())' if isinstance(data, torch.Tensor) else ''}")
+        if raw is None:
+            if data.dtype not in (np.float32, np.float16):
+                raise ValueError(f"{name}: unquantized data must be float32 or float16 (what "
+                                 f"llama.cpp reads as F32/F16); got {data.dtype}")
+            if not np.isfinite(data).all():
+                raise ValueError(f"{name}: the data holds NaN or inf (a value past fp16's range "
+                                 f"becomes inf in float16): refusing to write a broken weight")
+        else:
+            kind = GGMLQuantizationType(raw)
+            block, size = GGML_QUANT_SIZES[kind]
+            if data.dtype != np.uint8 or data.ndim < 1 or data.shape[-1] % size:
+                raise ValueError(f"{name}: {kind.name} data must be uint8 bytes, rows a multiple "
+                                 f"of {size} bytes ({block} weights per block); got "
+                                 f"{data.shape} {data.dtype}")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     os.close(fd)
@@ -349,6 +459,9 @@ def open_gguf(path: str | Path) -> "GGUFFile":
     except ImportError:
         raise ImportError("reading GGUF files needs the 'gguf' package: pip install gguf==0.19.0 "
                           "(make setup installs it)") from None
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be the path of a .gguf file (str or Path); got "
+                        f"{type(path).__name__}")
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{str(path)!r} is a folder; pass the .gguf file itself "
@@ -421,6 +534,9 @@ def read_metadata(path: str | Path) -> list[tuple[str, int, object, int | None]]
     fields, read straight from the header with ``struct``: the reader builds a numpy view per
     token of the vocabulary, which takes seconds for SmolLM2's 49152 tokens and 48900 merges.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be the path of a .gguf file (str or Path); got "
+                        f"{type(path).__name__}")
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{str(path)!r} is a folder; pass the .gguf file itself")
@@ -508,7 +624,13 @@ def _field(reader, key: str, default=None):
 
 
 def config_from_gguf(reader) -> ModelConfig:
-    """The model's hyper-parameters from the GGUF metadata (Llama architecture only)."""
+    """The model's hyper-parameters from the GGUF metadata (Llama architecture only).
+    ``reader``: what :func:`open_gguf` returns (or the file's path)."""
+    if isinstance(reader, (str, os.PathLike)):
+        reader = open_gguf(reader)
+    if not hasattr(reader, "fields") or not hasattr(reader, "tensors"):
+        raise TypeError(f"reader must be an opened GGUF file (gguf_model.open_gguf(path)); got "
+                        f"{type(reader).__name__}")
     arch = _field(reader, "general.architecture")
     if arch != "llama":
         raise ValueError(f"this GGUF holds a {arch!r} model; the course's loader reads the 'llama' "
@@ -548,6 +670,12 @@ def read_tensors(reader, cfg: ModelConfig) -> dict[str, torch.Tensor | BlockQuan
     Q4_1 / Q8_0 weights come back as :class:`BlockQuantized` (codes kept), F32/F16 as fp32
     tensors. Query and key rows are put back in the Hugging Face order.
     """
+    if not hasattr(reader, "tensors"):
+        raise TypeError(f"reader must be an opened GGUF file (gguf_model.open_gguf(path)); got "
+                        f"{type(reader).__name__}")
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"cfg must be the file's ModelConfig (gguf_model.config_from_gguf("
+                        f"reader)); got {type(cfg).__name__}")
     out = {}
     for t in reader.tensors:
         kind = t.tensor_type.name

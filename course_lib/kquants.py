@@ -35,6 +35,8 @@ adds in another order and would round differently).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -55,14 +57,20 @@ def bits_per_weight(fmt: str) -> float:
 
 
 def row_bytes(fmt: str, cols: int) -> int:
-    """Bytes of one row of ``cols`` weights in ``fmt``."""
-    n, size = BLOCKS[_fmt(fmt)]
+    """Bytes of one row of ``cols`` weights in ``fmt``. ValueError when ``fmt`` cannot store
+    such a row (``cols`` not a multiple of its block: :func:`fits`)."""
+    fmt = _fmt(fmt)
+    cols = _whole(cols, "cols")
+    n, size = BLOCKS[fmt]
+    if cols % n:
+        raise ValueError(f"cols={cols}: " + _misfit(fmt, cols))
     return cols // n * size
 
 
 def fits(fmt: str, cols: int) -> bool:
     """Whether rows of ``cols`` weights can be stored in ``fmt`` (a whole number of blocks)."""
-    return cols > 0 and cols % BLOCKS[_fmt(fmt)][0] == 0
+    fmt = _fmt(fmt)
+    return _whole(cols, "cols") % BLOCKS[fmt][0] == 0
 
 
 # ----------------------------------------------------------------------------- checks
@@ -72,43 +80,123 @@ def _fmt(fmt) -> str:
     return fmt.lower()
 
 
+def _whole(v, name: str, minimum: int = 1) -> int:
+    """v as an int: a whole number >= ``minimum`` (ints, NumPy ints, or floats such as 256.0;
+    not bools, not strings)."""
+    ok = (not isinstance(v, bool) and isinstance(v, (int, float, np.integer, np.floating))
+          and math.isfinite(v) and int(v) == v and v >= minimum)
+    if not ok:
+        raise ValueError(f"{name} must be a whole number >= {minimum}; got {v!r}")
+    return int(v)
+
+
+def _misfit(fmt: str, cols: int) -> str:
+    """The message for rows of ``cols`` that ``fmt``'s blocks do not tile."""
+    n = BLOCKS[fmt][0]
+    ok = [f for f in FORMATS if cols % BLOCKS[f][0] == 0]
+    return (f"{fmt.upper()} stores blocks of {n} weights along each row, and rows of {cols} "
+            f"are not a multiple of {n}; formats that take {cols} columns: "
+            f"{', '.join(ok) if ok else 'none (pad the rows or keep them F16)'}")
+
+
+def _array(x, name: str, ndim: int | None = None, last: int | None = None) -> np.ndarray:
+    """x (NumPy, torch or a nested list of numbers) as a finite float32 NumPy array with
+    ``ndim`` dimensions (and ``last`` entries in the last one), or a ValueError naming it."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        x = x.float().numpy() if x.is_floating_point() else x.numpy()
+    if isinstance(x, (str, bytes)) or x is None:
+        raise ValueError(f"{name} must be an array of numbers; got {type(x).__name__}")
+    a = np.asarray(x)
+    if a.dtype == object or not (np.issubdtype(a.dtype, np.floating)
+                                 or np.issubdtype(a.dtype, np.integer)):
+        raise ValueError(f"{name} must be an array of real numbers; got dtype {a.dtype}")
+    if (ndim is not None and a.ndim != ndim) or (last is not None and a.shape[-1] != last) \
+            or a.size == 0:
+        want = f"{ndim}-D" if ndim is not None else "an"
+        raise ValueError(f"{name} must be a non-empty {want} array"
+                         f"{f' with {last} entries per row' if last is not None else ''}; "
+                         f"got shape {a.shape}")
+    a = a.astype(F32)
+    _finite(a, name)
+    return a
+
+
+def _finite(a: np.ndarray, name: str) -> None:
+    """Refuse NaN and inf, saying how many and where the first is."""
+    bad = ~np.isfinite(a)
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{name} holds {int(bad.sum())} NaN or inf value(s) of {a.size} "
+                         f"(first at index {first}): no block format can represent them; find "
+                         f"where they come from, or replace them (np.nan_to_num) first")
+
+
+def _same_shape(a: np.ndarray, name: str, like: np.ndarray, like_name: str) -> None:
+    if a.shape != like.shape:
+        raise ValueError(f"{name} needs one weight per entry of {like_name}: shape "
+                         f"{like.shape}; got {a.shape}")
+
+
+def _non_negative(a: np.ndarray, name: str) -> None:
+    if (a < 0).any():
+        raise ValueError(f"{name} holds error weights, which are never negative; got a minimum "
+                         f"of {float(a.min()):g}")
+
+
 def _rows(w, fmt: str) -> np.ndarray:
     """w (rows, cols) as float32 NumPy, refusing what ``fmt`` cannot hold."""
     if isinstance(w, torch.Tensor):
         if not w.is_floating_point():
             raise ValueError(f"{fmt.upper()} quantizes floating-point weights; got {w.dtype}")
         w = w.detach().float().cpu().numpy()
+    if isinstance(w, (str, bytes)) or w is None:
+        raise ValueError(f"{fmt.upper()} quantizes a 2-D floating-point weight w (rows, cols); "
+                         f"got {type(w).__name__}")
     w = np.asarray(w)
     if w.ndim != 2 or not np.issubdtype(w.dtype, np.floating):
         raise ValueError(f"{fmt.upper()} quantizes a 2-D floating-point weight (rows, cols); got "
                          f"shape {w.shape} {w.dtype}")
+    if w.shape[0] == 0 or w.shape[1] == 0:
+        raise ValueError(f"w has shape {w.shape}: {fmt.upper()} needs at least one row of at "
+                         f"least one block ({BLOCKS[fmt][0]} weights)")
     cols = w.shape[1]
-    if not fits(fmt, cols):
-        ok = [f for f in FORMATS if fits(f, cols)]
-        raise ValueError(f"{fmt.upper()} stores blocks of {BLOCKS[fmt][0]} weights along each "
-                         f"row, and rows of {cols} are not a multiple of {BLOCKS[fmt][0]}; "
-                         f"formats that take {cols} columns: "
-                         f"{', '.join(ok) if ok else 'none (pad the rows or keep them F16)'}")
+    if cols % BLOCKS[fmt][0]:
+        raise ValueError(_misfit(fmt, cols))
     w = np.ascontiguousarray(w, dtype=F32)
     if not np.isfinite(w).all():
-        raise ValueError(f"the weight holds NaN or inf: {fmt.upper()} cannot represent them")
+        bad = ~np.isfinite(w)
+        r, c = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"the weight holds NaN or inf ({int(bad.sum())} of {w.size}, first at "
+                         f"row {r}, column {c}): {fmt.upper()} cannot represent them; find where "
+                         f"they come from, or replace them before quantizing")
     return w
 
 
 def check_imatrix(imatrix, cols: int) -> np.ndarray:
     """An importance vector, one non-negative finite weight per column, as float32 (cols,)."""
+    cols = _whole(cols, "cols")
     if isinstance(imatrix, torch.Tensor):
         imatrix = imatrix.detach().float().cpu().numpy()
-    v = np.asarray(imatrix, dtype=F32)
+    if isinstance(imatrix, (str, bytes, dict)) or imatrix is None:
+        raise ValueError(f"imatrix must be an importance vector, one number per column "
+                         f"({cols},); got {type(imatrix).__name__}")
+    try:
+        v = np.asarray(imatrix, dtype=F32)
+    except (TypeError, ValueError):
+        raise ValueError(f"imatrix must be an importance vector, one number per column "
+                         f"({cols},); got {type(imatrix).__name__} that is not numbers") from None
     if v.shape != (cols,):
         raise ValueError(f"the importance vector needs one weight per column: shape ({cols},); "
                          f"got {v.shape} (is it the imatrix of another Linear?)")
     if not np.isfinite(v).all():
-        raise ValueError("the importance vector holds NaN or inf: recompute it from finite "
-                         "activations")
+        raise ValueError(f"the importance vector (imatrix) holds NaN or inf at "
+                         f"{int((~np.isfinite(v)).sum())} column(s): recompute it from finite "
+                         f"activations")
     if (v < 0).any():
-        raise ValueError(f"importance weights are mean squared activations, never negative; "
-                         f"got a minimum of {float(v.min()):g}")
+        raise ValueError(f"the importance vector (imatrix) holds importance weights, mean squared "
+                         f"activations, never negative; got a minimum of {float(v.min()):g} "
+                         f"(at column {int(v.argmin())})")
     return v
 
 
@@ -122,6 +210,37 @@ def _fp16(d: np.ndarray, fmt: str) -> np.ndarray:
                          f"the weights are too large for this format; scale the tensor down "
                          f"or keep it in F32")
     return h
+
+
+def _no_lost_blocks(x: np.ndarray, zero: np.ndarray, fmt: str, cols: int, per: int,
+                    strict: bool, qw=None) -> None:
+    """Refuse blocks x (B, per) that hold nonzero weights but whose stored fp16 scales all
+    rounded to 0 (``zero`` (B,) True there): such a block would decode as all zeros, its
+    weights lost without a word. llama.cpp stores them so; the course says so instead, unless
+    ``strict`` is False (``quantize(..., strict_scales=False)``: llama.cpp's bytes). ``qw``:
+    the importance vector (cols,) when one was given (a block it weights 0 everywhere has no
+    error to minimize, so its scale stays 0)."""
+    if not strict:
+        return
+    lost = zero & (np.abs(x).max(1) > 0)
+    if lost.any():
+        b = int(np.argmax(lost))
+        per_row = cols // per
+        row, c0 = b // per_row, b % per_row * per
+        if qw is not None and not np.any(qw[c0:c0 + per]):
+            raise ValueError(
+                f"{int(lost.sum())} {fmt.upper()} block(s) of {per} weights would decode as all "
+                f"zeros (the first: row {row}, columns {c0}..{c0 + per - 1}): the importance "
+                f"vector (imatrix) is 0 on all of their columns, so the scale search has no "
+                f"error to weigh and keeps scale 0 (llama.cpp writes such blocks so). Check the "
+                f"importance vector (columns that never saw an input?), or quantize without one")
+        raise ValueError(
+            f"{int(lost.sum())} {fmt.upper()} block(s) of {per} weights hold nonzero weights "
+            f"(the first: row {row}, columns {c0}..{c0 + per - 1}, "
+            f"largest |w| {float(np.abs(x[b]).max()):.3g}) but their scale rounds to 0 in fp16 "
+            f"(its smallest step is 6e-08): they would decode as all zeros. Scale the tensor "
+            f"up (and the layer's output down), keep it in F16/F32, or pass "
+            f"strict_scales=False to store the zeros as llama.cpp does")
 
 
 # ----------------------------------------------------------------------------- the searches
@@ -154,6 +273,17 @@ def make_qx_quants(x: np.ndarray, nmax: int, qw: np.ndarray | None = None):
     (max: the value of largest magnitude, with its sign); kept: the one whose least-squares
     scale explains most of sum w x^2 (the weighted error is then smallest). Weights w: ``qw``,
     or x^2. Returns (scale (B,), codes l + nmax (B, n))."""
+    x = _array(x, "x", ndim=2)
+    nmax = _whole(nmax, "nmax")
+    if qw is not None:
+        qw = _array(qw, "qw", ndim=2)
+        _same_shape(qw, "qw", x, "x")
+        _non_negative(qw, "qw")
+    return _make_qx_quants(x, nmax, qw)
+
+
+def _make_qx_quants(x: np.ndarray, nmax: int, qw: np.ndarray | None = None):
+    """make_qx_quants without its checks (the quantizers call it on checked blocks)."""
     B, n = x.shape
     idx = np.abs(x).argmax(1)                                            # first largest |x|
     mx = x[np.arange(B), idx]                                            # (B,) signed
@@ -195,6 +325,26 @@ def make_qkx_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta
     (max - min)``; for each, the weighted least-squares scale and minimum of the codes it
     gives (a minimum above 0 is set to 0); keep the lowest weighted squared error.
     Returns (scale (B,), minimum as stored, -min >= 0 (B,), codes (B, n))."""
+    x = _array(x, "x", ndim=2)
+    w = _array(w, "w", ndim=2)
+    _same_shape(w, "w", x, "x")
+    _non_negative(w, "w")
+    nmax = _whole(nmax, "nmax")
+    nstep = _whole(nstep, "nstep", minimum=0)
+    for name, v in (("rmin", rmin), ("rdelta", rdelta)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(v):
+            raise ValueError(f"{name} must be a finite number (llama.cpp's Q4_K: rmin -1, "
+                             f"rdelta 0.1); got {v!r}")
+    if not isinstance(v3, (bool, np.bool_)):
+        raise TypeError(f"v3 must be True (make_qkx3_quants) or False (make_qkx2_quants); "
+                        f"got {v3!r}")
+    return _make_qkx_quants(x, w, nmax, rmin, rdelta, nstep, bool(v3))
+
+
+def _make_qkx_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float,
+                    nstep: int, v3: bool):
+    """make_qkx_quants without its checks (the quantizers call it on checked blocks)."""
     B, n = x.shape
     mn, mx = x.min(1), x.max(1)
     sum_w, sum_x = w[:, 0].copy(), w[:, 0] * x[:, 0]
@@ -246,6 +396,22 @@ def make_qp_quants(x: np.ndarray, nmax: int, qw: np.ndarray):
     by qw (B, n): llama.cpp's ``make_qp_quants`` (used with an importance matrix). Nine trial
     scales around max / nmax by weighted error, then up to five passes that move single codes
     while the weighted fit improves. Returns (scale (B,), codes (B, n))."""
+    x = _array(x, "x", ndim=2)
+    if (x < 0).any():
+        raise ValueError(f"x holds the sub-block scales of super-blocks, never negative; got a "
+                         f"minimum of {float(x.min()):g}")
+    nmax = _whole(nmax, "nmax")
+    if nmax > 255:
+        raise ValueError(f"nmax must be at most 255 (the codes are bytes; llama.cpp uses 63); "
+                         f"got {nmax}")
+    qw = _array(qw, "qw", ndim=2)
+    _same_shape(qw, "qw", x, "x")
+    _non_negative(qw, "qw")
+    return _make_qp_quants(x, nmax, qw)
+
+
+def _make_qp_quants(x: np.ndarray, nmax: int, qw: np.ndarray):
+    """make_qp_quants without its checks (the quantizers call it on checked blocks)."""
     B, n = x.shape
     mx = np.maximum(x.max(1), F32(0))
     zero = mx < EPS
@@ -318,13 +484,7 @@ def pack_scales_k4(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
     byte j + 4 minimum j (6 bits each). Sub-blocks 4-7: byte j + 4 holds the low 4 bits of
     scale j (low nibble) and of minimum j (high nibble); their top 2 bits go into the free
     top bits of bytes j - 4 (scale) and j (minimum)."""
-    sc, m = np.asarray(sc), np.asarray(m)
-    for name, v in (("sc", sc), ("m", m)):
-        if v.ndim < 1 or v.shape[-1] != 8 or not np.issubdtype(v.dtype, np.integer):
-            raise ValueError(f"{name} must hold 8 whole numbers per super-block (..., 8); got "
-                             f"shape {v.shape} {v.dtype}")
-        if v.size and (v.min() < 0 or v.max() > 63):
-            raise ValueError(f"{name} codes are 6-bit, 0..63; got {v.min()}..{v.max()}")
+    sc, m = _codes(sc, "sc", 8, 63), _codes(m, "m", 8, 63)
     if sc.shape != m.shape:
         raise ValueError(f"sc and m need the same shape; got {sc.shape} and {m.shape}")
     return _pack_scales(sc, m)
@@ -332,7 +492,7 @@ def pack_scales_k4(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
 
 def unpack_scales_k4(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The 12 scale bytes (..., 12) of a Q4_K/Q5_K super-block -> (scales, minimums) (..., 8)."""
-    q = np.asarray(q, np.uint8)
+    q = _codes(q, "q", 12, 255).astype(np.uint8)
     sc = np.zeros(q.shape[:-1] + (8,), np.uint8)
     m = np.zeros_like(sc)
     for j in range(4):
@@ -342,6 +502,33 @@ def unpack_scales_k4(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         sc[..., j] = (q[..., j + 4] & 0xF) | ((q[..., j - 4] >> 6) << 4)
         m[..., j] = (q[..., j + 4] >> 4) | ((q[..., j] >> 6) << 4)
     return sc, m
+
+
+def _codes(v, name: str, last: int, top: int) -> np.ndarray:
+    """v as integer codes (..., ``last``) in 0..``top``: integer arrays, or float arrays of
+    whole values (converted), NumPy or torch; anything else is refused naming ``name``."""
+    if isinstance(v, torch.Tensor):
+        v = v.detach().cpu().numpy()
+    if isinstance(v, (str, bytes)) or v is None:
+        raise ValueError(f"{name} must be an array of whole numbers (..., {last}); got "
+                         f"{type(v).__name__}")
+    v = np.asarray(v)
+    what = (f"{name} must hold {last} whole numbers per super-block (..., {last}) in "
+            f"0..{top}; got shape {v.shape} {v.dtype}")
+    if v.ndim < 1 or v.shape[-1] != last or v.dtype == bool or v.dtype == object:
+        raise ValueError(what)
+    if np.issubdtype(v.dtype, np.floating):
+        if not (np.isfinite(v).all() and (v == np.round(v)).all()):
+            raise ValueError(what + " with values that are not whole numbers (e.g. "
+                             f"{v[~(np.isfinite(v) & (v == np.round(v)))].flat[0]!r}): round them "
+                             f"first")
+        v = v.astype(np.int64)
+    elif not np.issubdtype(v.dtype, np.integer):
+        raise ValueError(what)
+    if v.size and (v.min() < 0 or v.max() > top):
+        raise ValueError(f"{name} codes are {top.bit_length()}-bit, 0..{top}; got "
+                         f"{v.min()}..{v.max()}")
+    return v
 
 
 def _f16_bytes(h: np.ndarray) -> np.ndarray:
@@ -366,7 +553,7 @@ def _row_weights(w: np.ndarray, qw: np.ndarray, per: int) -> np.ndarray:
     return (qw[None, :] * np.sqrt(sigma2[:, None] + w * w)).reshape(-1, per)
 
 
-def _q_32(w: np.ndarray, fmt: str, qw) -> np.ndarray:
+def _q_32(w: np.ndarray, fmt: str, qw, strict: bool = True) -> np.ndarray:
     """Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 rows (rows, cols) -> bytes (rows, cols/32 * size)."""
     rows, cols = w.shape
     x = w.reshape(-1, 32)                                                 # (B, 32)
@@ -381,7 +568,9 @@ def _q_32(w: np.ndarray, fmt: str, qw) -> np.ndarray:
                 idd = np.where(d != 0, F32(1) / d, F32(0)).astype(F32)
             v = x * idd[:, None]
             q = np.trunc(v.astype(np.float64) + 0.5 * np.sign(v))         # C's roundf
-            return np.concatenate([_f16_bytes(_fp16(d, fmt)), q.astype(np.int8).view(np.uint8)],
+            dh = _fp16(d, fmt)
+            _no_lost_blocks(x, dh == 0, fmt, cols, 32, strict)         # Q8_0 ignores qw
+            return np.concatenate([_f16_bytes(dh), q.astype(np.int8).view(np.uint8)],
                                   1).reshape(rows, -1)
         if sym:
             mx = x[np.arange(B), np.abs(x).argmax(1)]                    # signed, first largest
@@ -403,14 +592,19 @@ def _q_32(w: np.ndarray, fmt: str, qw) -> np.ndarray:
     else:
         wt = _row_weights(w, qw, 32)
         if sym:
-            d, L = make_qx_quants(x, half, wt)
+            d, L = _make_qx_quants(x, half, wt)
             m = None
         else:
-            d, neg_min, L = make_qkx_quants(x, wt, half, -0.9, 0.05, 36, True)
+            d, neg_min, L = _make_qkx_quants(x, wt, half, -0.9, 0.05, 36, True)
             m = -neg_min
-    parts = [_f16_bytes(_fp16(d, fmt))]
+    dh = _fp16(d, fmt)
+    parts = [_f16_bytes(dh)]
     if m is not None:
-        parts.append(_f16_bytes(_fp16(m, fmt)))
+        mh = _fp16(m, fmt)
+        parts.append(_f16_bytes(mh))
+        _no_lost_blocks(x, (dh == 0) & (mh == 0), fmt, cols, 32, strict, qw)   # d q + m: both 0
+    else:
+        _no_lost_blocks(x, dh == 0, fmt, cols, 32, strict, qw)
     Lu = L.astype(np.uint8)
     if fmt in ("q4_0", "q4_1"):
         parts.append(Lu[:, :16] | (Lu[:, 16:] << 4))
@@ -438,7 +632,7 @@ def _superblocks(w: np.ndarray, qw, sub: int):
     return x, wt
 
 
-def _q_k45(w: np.ndarray, fmt: str, qw) -> np.ndarray:
+def _q_k45(w: np.ndarray, fmt: str, qw, strict: bool = True) -> np.ndarray:
     """Q4_K and Q5_K rows -> bytes."""
     rows = w.shape[0]
     nmax = 15 if fmt == "q4_k" else 31
@@ -447,7 +641,7 @@ def _q_k45(w: np.ndarray, fmt: str, qw) -> np.ndarray:
     xb = x.reshape(-1, 32)
     if qw is None:
         rmin, rdelta, nstep = (-1.0, 0.1, 20) if fmt == "q4_k" else (-0.5, 0.1, 15)
-        scales, mins, L = make_qkx_quants(xb, wt, nmax, rmin, rdelta, nstep, False)
+        scales, mins, L = _make_qkx_quants(xb, wt, nmax, rmin, rdelta, nstep, False)
         scales, mins = scales.reshape(S, 8), mins.reshape(S, 8)
         max_scale = np.maximum(scales.max(1), F32(0))
         max_min = np.maximum(mins.max(1), F32(0))
@@ -458,15 +652,17 @@ def _q_k45(w: np.ndarray, fmt: str, qw) -> np.ndarray:
         lm = np.minimum(F32(63), _u8(_nearest(inv_m[:, None] * mins))).astype(np.int64)
         d, dmin = max_scale / F32(63), max_min / F32(63)
     else:
-        scales, mins, L = make_qkx_quants(xb, wt, nmax, -0.9, 0.05, 36, True)
+        scales, mins, L = _make_qkx_quants(xb, wt, nmax, -0.9, 0.05, 36, True)
         sw = _sum(wt).reshape(S, 8)                                       # sum of weights
-        d, ls = make_qp_quants(scales.reshape(S, 8), 63, sw)
-        dmin, lm = make_qp_quants(mins.reshape(S, 8), 63, sw)
+        d, ls = _make_qp_quants(scales.reshape(S, 8), 63, sw)
+        dmin, lm = _make_qp_quants(mins.reshape(S, 8), 63, sw)
         if fmt == "q5_k":
             ls, lm = np.minimum(F32(63), ls), np.minimum(F32(63), lm)
         ls, lm = ls.astype(np.int64), lm.astype(np.int64)
     packed = _pack_scales(ls, lm)                                         # (S, 12)
     dh, mh = _fp16(d, fmt), _fp16(dmin, fmt)
+    _no_lost_blocks(x.reshape(S, QK_K), (dh == 0) & (mh == 0), fmt, w.shape[1], QK_K, strict,
+                    qw)
     sc, m = unpack_scales_k4(packed)                                      # what the file holds
     dd = dh.astype(F32)[:, None] * sc.astype(F32)                         # (S, 8)
     dm = mh.astype(F32)[:, None] * m.astype(F32)
@@ -485,13 +681,13 @@ def _q_k45(w: np.ndarray, fmt: str, qw) -> np.ndarray:
     return np.concatenate(parts, 1).reshape(rows, -1)
 
 
-def _q_q6k(w: np.ndarray, qw) -> np.ndarray:
+def _q_q6k(w: np.ndarray, qw, strict: bool = True) -> np.ndarray:
     """Q6_K rows -> bytes."""
     rows = w.shape[0]
     x = w.reshape(-1, 16, 16)                                             # (S, 16, 16)
     S = x.shape[0]
     q = None if qw is None else np.tile(qw, rows).reshape(-1, 16)
-    scales, L = make_qx_quants(x.reshape(-1, 16), 32, q)
+    scales, L = _make_qx_quants(x.reshape(-1, 16), 32, q)
     scales = scales.reshape(S, 16)
     idx = np.abs(scales).argmax(1)
     max_scale = scales[np.arange(S), idx]
@@ -499,6 +695,8 @@ def _q_q6k(w: np.ndarray, qw) -> np.ndarray:
     with np.errstate(divide="ignore"):
         iscale = F32(-128) / np.where(zero, F32(1), max_scale)
     dh = _fp16(F32(1) / iscale, "q6_k")
+    _no_lost_blocks(x.reshape(S, QK_K), (dh == 0) | zero, "q6_k", w.shape[1], QK_K, strict,
+                    qw)
     sc = np.minimum(F32(127), _nearest(iscale[:, None] * scales))         # int8 -128..127
     dd = dh.astype(F32)[:, None] * sc                                     # (S, 16)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -515,33 +713,47 @@ def _q_q6k(w: np.ndarray, qw) -> np.ndarray:
     return out.reshape(rows, -1)
 
 
-def quantize(w, fmt: str, imatrix=None) -> np.ndarray:
+def quantize(w, fmt: str, imatrix=None, strict_scales: bool = True) -> np.ndarray:
     """Rows of a weight (rows, cols) as llama.cpp stores them in ``fmt``: uint8 (rows,
     :func:`row_bytes`), the same bytes as ``ggml_quantize_chunk`` (lesson 14).
 
     ``imatrix``: optional importance weights, one per column (llama.cpp's mean squared input
     activation of each column): the scale searches then weight each weight's squared error
-    by it. Q8_0 ignores it, as llama.cpp does."""
+    by it. Q8_0 ignores it, as llama.cpp does.
+
+    A block that holds nonzero weights but whose fp16 scale rounds to 0 (weights below about
+    1e-7; llama.cpp stores it, and it decodes as all zeros) is refused unless
+    ``strict_scales=False``, which gives llama.cpp's bytes for it. A scale that overflows fp16
+    (weights beyond about 65504 times the format's largest code) is always refused."""
     fmt = _fmt(fmt)
+    if not isinstance(strict_scales, (bool, np.bool_)):
+        raise TypeError(f"strict_scales must be True or False; got {strict_scales!r}")
     w = _rows(w, fmt)
     qw = None if imatrix is None else check_imatrix(imatrix, w.shape[1])
-    if fmt == "q6_k":
-        return _q_q6k(w, qw)
-    if fmt in ("q4_k", "q5_k"):
-        return _q_k45(w, fmt, qw)
-    return _q_32(w, fmt, qw)
+    with np.errstate(over="ignore"):        # a scale past fp16 is refused below, not warned
+        if fmt == "q6_k":
+            return _q_q6k(w, qw, bool(strict_scales))
+        if fmt in ("q4_k", "q5_k"):
+            return _q_k45(w, fmt, qw, bool(strict_scales))
+        return _q_32(w, fmt, qw, bool(strict_scales))
 
 
 # ----------------------------------------------------------------------------- decoding
 def _raw(raw, fmt: str, cols: int) -> np.ndarray:
+    if isinstance(raw, torch.Tensor):
+        raw = raw.detach().cpu().numpy()
     raw = np.asarray(raw)
     if raw.dtype != np.uint8 or raw.ndim != 2:
         raise ValueError(f"raw must be uint8 bytes (rows, bytes per row); got {raw.shape} "
                          f"{raw.dtype}")
-    if not fits(fmt, cols) or raw.shape[1] != row_bytes(fmt, cols):
+    cols = _whole(cols, "cols")
+    if cols % BLOCKS[fmt][0]:
+        raise ValueError(f"cols={cols}: " + _misfit(fmt, cols))
+    if raw.shape[1] != row_bytes(fmt, cols):
         raise ValueError(f"a {fmt.upper()} row of {cols} weights takes "
-                         f"{row_bytes(fmt, cols) if fits(fmt, cols) else '?'} bytes "
-                         f"(blocks of {BLOCKS[fmt][0]}); got {raw.shape[1]}")
+                         f"{row_bytes(fmt, cols)} bytes (blocks of {BLOCKS[fmt][0]}); got raw "
+                         f"rows of {raw.shape[1]} bytes: pass the cols the rows were quantized "
+                         f"with, and whole rows of raw")
     n, size = BLOCKS[fmt]
     return raw.reshape(-1, size)
 
@@ -555,7 +767,8 @@ def dequantize(raw, fmt: str, cols: int) -> np.ndarray:
     as its ``dequantize_row_*`` do (same operations, same order)."""
     fmt = _fmt(fmt)
     b = _raw(raw, fmt, cols)
-    rows = np.asarray(raw).shape[0]
+    cols = int(cols)
+    rows = b.shape[0] * BLOCKS[fmt][0] // cols
     if fmt in ("q4_0", "q4_1", "q8_0", "q5_0", "q5_1"):
         d = _h(b, 0)[:, None]
         if fmt == "q8_0":

@@ -120,9 +120,46 @@ def measured() -> dict:
     return json.loads(SPREAD_FILE.read_text())["runs"] if SPREAD_FILE.exists() else {}
 
 
+class UnknownQuantity(KeyError, ValueError):
+    """A name that neither :data:`BANDS` nor :data:`BOUNDS` holds (a KeyError for the callers
+    that look it up, a ValueError as the course's bad-input errors are)."""
+
+    def __str__(self) -> str:                   # KeyError's own str() would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+def _known(name, table: dict, what: str) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"name must be the quantity's name (str), a key of "
+                        f"course_lib.spread.{what}; got {type(name).__name__}")
+    if name not in table:
+        close = [k for k in table if k.split()[0] == name.split()[0]][:3] if name.split() else []
+        hint = f"; names of that lesson: {', '.join(map(repr, close))}" if close else ""
+        raise UnknownQuantity(f"no band for {name!r} (name): add one to "
+                              f"course_lib.spread.{what} and measure it with "
+                              f"`python tools/cpu_spread.py`{hint}")
+    return name
+
+
+def _real(v, name: str) -> float:
+    """A real number (int, float, NumPy scalar, or a one-element tensor or array) as float;
+    strings, bools and arrays of several values are refused naming the argument."""
+    if isinstance(v, (bool, str, bytes)) or v is None:
+        raise TypeError(f"{name} must be a number; got {type(v).__name__} {v!r:.40}")
+    size = getattr(v, "numel", None)
+    n = size() if callable(size) else getattr(v, "size", 1)
+    if n != 1 or not hasattr(v, "__float__"):
+        raise TypeError(f"{name} must be one number; got {type(v).__name__} with {n} values"
+                        if n != 1 else f"{name} must be a number; got {type(v).__name__}")
+    return float(v)
+
+
 def largest_deviation(name: str) -> float | None:
     """The largest relative deviation from the committed value measured for ``name``, over
-    every machine and setting in results/cpu_spread.json (None if it was never measured)."""
+    every machine and setting in results/cpu_spread.json (None if it was never measured).
+    A name in neither :data:`BANDS` nor :data:`BOUNDS` is refused (a typo would read as
+    "never measured")."""
+    _known(name, {**BANDS, **BOUNDS}, "BANDS")
     devs = [run["quantities"][name].get("max_dev_from_committed_rel", 0.0)
             for run in measured().values() if name in run["quantities"]]
     return max(devs) if devs else None
@@ -131,10 +168,8 @@ def largest_deviation(name: str) -> float | None:
 def check(name: str, live: float, committed: float) -> float:
     """Assert that ``live`` lies within ``name``'s band around ``committed``; return the relative
     deviation. The message says how far it is, what was measured, and what to do."""
-    if name not in BANDS:
-        raise KeyError(f"no band for {name!r}: add one to course_lib.spread.BANDS and measure it "
-                       f"with `python tools/cpu_spread.py`")
-    live, committed = float(live), float(committed)
+    _known(name, BANDS, "BANDS")
+    live, committed = _real(live, "live"), _real(committed, "committed")
     if not (math.isfinite(live) and math.isfinite(committed)):
         raise AssertionError(f"{name}: live {live} or committed {committed} is not finite: the "
                              "computation broke (NaN or inf), not the rounding")
@@ -155,6 +190,11 @@ def check(name: str, live: float, committed: float) -> float:
 
 def describe(name: str, dev: float) -> str:
     """One line for a lesson to print after ``check``: how far, the band, what was measured."""
+    _known(name, BANDS, "BANDS")
+    dev = _real(dev, "dev")
+    if not math.isfinite(dev) or dev < 0:
+        raise ValueError(f"dev must be the relative deviation check returned, a finite number "
+                         f">= 0; got {dev!r}")
     seen = largest_deviation(name)
     seen_txt = "never measured" if seen is None else f"{seen:.1%}"
     return (f"{dev:.1%} from the committed value; band {BANDS[name].rel:.0%} "

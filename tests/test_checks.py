@@ -87,21 +87,35 @@ def test_not_implemented_does_not_raise(toy, capsys):
     assert "not yet implemented" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("fn, words", [
-    (lambda x: (_ for _ in ()).throw(ZeroDivisionError("boom")), "raised ZeroDivisionError: boom"),
-    (lambda x: (2 * x)[:-1] if not isinstance(x, str) else _bad_input_double(x), "expected shape"),
-    (lambda x: (2 * x).astype(np.float32) if not isinstance(x, str) else _bad_input_double(x), "dtype"),
-    (lambda x: x * np.nan if not isinstance(x, str) else _bad_input_double(x), "NaN"),
-    (lambda x: None, "returned None"),
-    (lambda x: list(2 * x) if not isinstance(x, str) else _bad_input_double(x), "expected a numpy.ndarray"),
-    (lambda x: 3 * x if not isinstance(x, str) else _bad_input_double(x), "values differ"),
-    (lambda x: 2 * x if not isinstance(x, str) else "oops", "expected your function to raise TypeError"),
+KIND = "hint:     the values may well be right; the kind of answer is not"
+REFUSE = "hint:     the task asks for TypeError on an input like this one"
+
+
+@pytest.mark.parametrize("fn, words, hint_words", [
+    (lambda x: (_ for _ in ()).throw(ZeroDivisionError("boom")), "raised ZeroDivisionError: boom",
+     "hint:     multiply by two"),
+    (lambda x: (2 * x)[:-1] if not isinstance(x, str) else _bad_input_double(x), "expected shape",
+     "hint:     multiply by two"),
+    (lambda x: (2 * x).astype(np.float32) if not isinstance(x, str) else _bad_input_double(x),
+     "dtype", KIND),
+    (lambda x: x * np.nan if not isinstance(x, str) else _bad_input_double(x), "NaN",
+     "hint:     multiply by two"),
+    (lambda x: None, "returned None", KIND),
+    (lambda x: list(2 * x) if not isinstance(x, str) else _bad_input_double(x),
+     "expected a numpy.ndarray", KIND),
+    (lambda x: 3 * x if not isinstance(x, str) else _bad_input_double(x), "values differ",
+     "hint:     multiply by two"),
+    (lambda x: 2 * x if not isinstance(x, str) else "oops",
+     "expected your function to raise TypeError", REFUSE),
 ])
-def test_failures_say_what_is_wrong(toy, fn, words, capsys):
+def test_failures_say_what_is_wrong(toy, fn, words, hint_words, capsys):
+    """Each failure names what is wrong and quotes the hint for it: the exercise's first step
+    where the values are wrong, a hint on the kind of answer where its type or dtype is, and
+    one naming the exception where the case expects one."""
     result = check(toy, fn)
     out = capsys.readouterr().out
     assert result.status == "failed"
-    assert words in out and "input:" in out and "hint:     multiply by two" in out
+    assert words in out and "input:" in out and hint_words in out, out
 
 
 def test_strict_modes(toy, monkeypatch):

@@ -144,3 +144,125 @@ def test_every_case_hint_is_one_the_exercise_has(ex_id):
     ex = checks.EXERCISES[ex_id]
     for case in ex.cases():
         checks.case_hint(ex, case)                       # raises for a step that is not there
+
+
+# ---- a learner's exception: its line; an expected exception: its name (issue 39) ------------
+
+def _raises_in_a_helper(x):
+    return _helper(x)
+
+
+def _helper(x):
+    scale = x.max()
+    return x / scale.item(0, 1)          # ValueError: a scalar has no two indices
+
+
+def test_a_learner_exception_shows_the_line_of_their_code(monkeypatch):
+    ex_id = _stepped(monkeypatch)
+
+    def learner(x):
+        y = x * 2
+        return y[7]                       # IndexError: index 7 is out of bounds
+    rep = check(ex_id, learner, quiet=True).report
+    assert "your function raised IndexError" in rep
+    assert "where:    line " in rep and "in `learner`: return y[7]" in rep
+    rep = check(ex_id, _raises_in_a_helper, quiet=True).report
+    assert "raised ValueError: incorrect number of indices" in rep
+    assert "in `_helper`: return x / scale.item(0, 1)" in rep     # the deepest frame of theirs
+
+
+def test_an_exception_raised_inside_a_library_names_it_and_the_learner_line(monkeypatch):
+    ex_id = _stepped(monkeypatch)
+
+    def learner(x):
+        import json
+        return json.loads(x)              # raises inside the standard library's json
+    rep = check(ex_id, learner, quiet=True).report
+    assert "in `learner`: return json.loads(x)" in rep
+    assert "(raised inside " in rep and "called from there)" in rep
+    where = checks.where_raised(ValueError("made, never raised"))
+    assert where == ""                    # no traceback: nothing to show
+
+
+def test_a_learner_exception_in_a_jupyter_cell_names_the_cell(monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    ex_id = _stepped(monkeypatch)
+    shell = InteractiveShell.instance()
+    try:
+        shell.user_ns.update(check=check, ex_id=ex_id)
+        with capture_output() as cap:
+            shell.run_cell("def double(x):\n    y = x + x\n    return y / undefined_name\n",
+                           store_history=True)
+            shell.run_cell("r = check(ex_id, double)", store_history=True)
+    finally:
+        InteractiveShell.clear_instance()
+    assert "raised NameError: name 'undefined_name' is not defined" in cap.stdout
+    assert re.search(r"where:    line 3 of Cell In\[\d+\], in `double`: return y / "
+                     r"undefined_name", cap.stdout), cap.stdout
+
+
+def test_a_case_that_expects_value_error_says_so_whatever_came_instead(monkeypatch):
+    ex_id = _stepped(monkeypatch, cases=lambda: [
+        Case((np.arange(3.0),), label="plain"),
+        Case((np.array([-1.0]),), label="a negative value", raises=ValueError),
+    ])
+
+    def raises_type_error(x):
+        if x[0] < 0:
+            raise TypeError("negative")
+        return 2 * x
+    rep = check(ex_id, raises_type_error, quiet=True).report
+    assert ("expected your function to raise ValueError for this input, but it raised "
+            "TypeError: negative") in rep
+    assert "where:    line " in rep and "raise TypeError(\"negative\")" in rep
+    rep = check(ex_id, lambda x: 2 * x, quiet=True).report
+    assert "expected your function to raise ValueError for this input, but it returned" in rep
+    # the hint of a refusal case names the exception, not the exercise's first step
+    assert "the task asks for ValueError on an input like this one" in rep
+    assert "think about doubling" not in rep
+
+
+def test_a_refusal_case_with_a_hint_of_its_own_keeps_it(monkeypatch):
+    ex_id = _stepped(monkeypatch, cases=lambda: [
+        Case((np.array([-1.0]),), label="negative", raises=ValueError, hint="is -1 allowed?")])
+    rep = check(ex_id, lambda x: 2 * x, quiet=True).report
+    assert "is -1 allowed?" in rep and "the task asks for ValueError" not in rep
+
+
+def test_a_float_answer_returned_as_a_tensor_says_what_to_return(monkeypatch):
+    import torch
+    ex = Exercise(id="toy.mean", title="mean", reference=lambda x: float(np.mean(x)),
+                  cases=lambda: [Case((np.array([0.1, 0.2, 0.4]),))], hint="add, divide",
+                  rtol=1e-12, atol=0.0)
+    monkeypatch.setitem(checks.EXERCISES, ex.id, ex)
+    rep = check(ex.id, lambda x: torch.tensor(x).float().mean(), quiet=True).report
+    assert "values differ" in rep and "your answer is a torch tensor (torch.float32)" in rep
+    assert "return float(...)" in rep
+    rep = check(ex.id, lambda x: np.float32(np.mean(x)), quiet=True).report
+    assert "a NumPy scalar (float32)" in rep
+    strict = Exercise(**{**ex.__dict__, "id": "toy.mean_strict", "float_results": True})
+    monkeypatch.setitem(checks.EXERCISES, strict.id, strict)
+    rep = check(strict.id, lambda x: torch.tensor(float(np.mean(x)), dtype=torch.float64),
+                quiet=True).report
+    assert "expected a Python float, got Tensor" in rep
+
+
+def test_slack_lets_a_lower_precision_computation_pass_and_nothing_else(monkeypatch):
+    import torch
+    x = torch.tensor([[1.1, 2.3], [0.7, -5.9]])
+    w = torch.tensor([[0.33, -1.7], [2.9, 0.01]])
+    ex = Exercise(id="toy.mm", title="matmul", reference=lambda a, b: a @ b.T,
+                  cases=lambda: [Case((x, w))], hint="multiply",
+                  rtol=1e-6, atol=1e-7,
+                  slack=lambda a, b: 2.0 ** -8 * 4 * (a.abs() @ b.abs().T))
+    monkeypatch.setitem(checks.EXERCISES, ex.id, ex)
+    bf16 = lambda a, b: (a.bfloat16() @ b.bfloat16().T).float()     # noqa: E731
+    assert check(ex.id, bf16, quiet=True)
+    assert not check(ex.id, lambda a, b: (a @ b.T) * 1.05, quiet=True)
+    assert "dtype" in check(ex.id, lambda a, b: (a.bfloat16() @ b.bfloat16().T),
+                            quiet=True).report                 # slack is values, not dtype
+    plain = Exercise(**{**ex.__dict__, "id": "toy.mm_plain", "slack": None})
+    monkeypatch.setitem(checks.EXERCISES, plain.id, plain)
+    assert not check(plain.id, bf16, quiet=True)

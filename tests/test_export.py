@@ -146,7 +146,10 @@ def test_export_replaces_an_older_sharded_checkpoint(model, tmp_path):
         (folder / name).write_text("old")
     (folder / "NOTES.md").write_text("mine")
     qm = cal.rtn_model(model, 4, 32, scale_dtype=torch.bfloat16)
-    export.export_compressed(qm, folder)
+    with pytest.raises(FileExistsError, match="already holds a checkpoint.*overwrite=True"):
+        export.export_compressed(qm, folder)                  # never replaced without the flag
+    assert sorted(p.name for p in folder.iterdir()) == sorted(stale + ["NOTES.md"])
+    export.export_compressed(qm, folder, overwrite=True)
     names = sorted(p.name for p in folder.iterdir())
     assert names == ["NOTES.md", "config.json", "model.safetensors", "tokenizer.json",
                      "tokenizer_config.json"]
@@ -162,6 +165,6 @@ def test_a_refused_export_leaves_nothing_behind(model, tmp_path):
     old.mkdir()
     (old / "model.safetensors").write_text("old")
     with pytest.raises(ValueError, match="scale_dtype"):
-        export.export_compressed(fp32, old)
+        export.export_compressed(fp32, old, overwrite=True)
     assert [p.name for p in tmp_path.iterdir()] == ["old"]
     assert (old / "model.safetensors").read_text() == "old"

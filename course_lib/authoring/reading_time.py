@@ -20,13 +20,24 @@ markers, as the instructors' difficulty column counts them.
 These rates are stated assumptions, the same for every lesson, so that lessons compare; they
 are not a measurement of any learner.
 
-    python -m course_lib.authoring.reading_time           # rewrite every lesson's header
+**An exercise notebook** (``exercises/<lesson>.ipynb``, generated from ``solutions/``) states
+its own time by the same rule: reading counts what the learner opens, the exercise notebook
+itself (its prose, its code with the solutions stubbed out, the source it prints), and doing
+counts its exercises as above. The header sits in the solution notebook's title cell and
+reaches ``exercises/`` when that is regenerated (``python -m course_lib.authoring.exercises``).
+
+    python -m course_lib.authoring.reading_time           # rewrite every lesson's header and
+                                                          # every solution notebook's (then
+                                                          # regenerate exercises/)
     python -m course_lib.authoring.reading_time --check   # exit 1 where a header is stale
     python -m course_lib.authoring.reading_time --show    # the figures, lesson by lesson
 
-A header states: ``*Time: about R minutes to read (W words, C lines of its code and S lines
-of printed source, at 200 words, 20 and 5 lines a minute); its E exercises, about X minutes
-more; the notebook runs in ...`` (the run time and what follows are the lesson's own words).
+A lesson's header states: ``*Time: about R minutes to read (W words, C lines of its code and S
+lines of printed source, at 200 words, 20 and 5 lines a minute); its E exercises, about X
+minutes more; the notebook runs in ...`` (the run time and what follows are the lesson's own
+words). An exercise notebook's states: ``*Time: about T minutes: R to read (W words, C lines of
+code and S lines of printed source, at 200 words, 20 and 5 lines a minute) and X for its E
+exercises (5 minutes each and 2 a line of their L lines of reference solution).*``
 """
 from __future__ import annotations
 
@@ -39,6 +50,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from course_lib.authoring.exercises import dumps, make_exercise
 from course_lib.paths import ROOT
 
 WORDS_PER_MINUTE = 200
@@ -55,6 +67,10 @@ BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STATED = re.compile(
     r"\*Time:\s+about\s+\d+\s+minutes\s+to\s+read\s+\((?P<inside>[^)]*)\)"
     r"(?P<ex>(?:,|;)[^;]*?exercises?[^;]*?)?;\s+(?=the\s+notebook\s+runs)", re.S)
+#: An exercise notebook's header (``LessonTime.exercise_header``), whole.
+EXERCISE_STATED = re.compile(
+    r"\*Time:\s+about\s+\d+\s+minutes:\s+\d+\s+to\s+read\s+\([^)]*\)\s+and\s+"
+    r"(?:\d+\s+for\s+its\s+\d+\s+exercises?\s+\([^)]*\)|no\s+exercises)\.\*")
 RULE_TEXT = re.compile(
     r"\((?P<words>[\d,]+)\s+words,\s+(?P<code>[\d,]+)\s+lines\s+of\s+its\s+code\s+and\s+"
     r"(?P<src>[\d,]+)\s+lines\s+of\s+printed\s+source,\s+at\s+200\s+words,\s+20\s+and\s+5\s+"
@@ -89,6 +105,18 @@ class LessonTime:
         return (f"*Time: about {self.reading_minutes} minutes to read ({self.words:,} words, "
                 f"{self.code_lines:,} lines of its code and {self.source_lines:,} lines of "
                 f"printed source, at 200 words, 20 and 5 lines a minute); {ex}; ")
+
+    def exercise_header(self) -> str:
+        """The rule's words for an exercise notebook (its reading and its exercises together):
+        the whole header, a paragraph of its own."""
+        ex = (f"{self.exercise_minutes} for its {self.exercises} "
+              f"exercise{'s' if self.exercises != 1 else ''} ({EXERCISE_BASE_MINUTES} minutes "
+              f"each and {EXERCISE_MINUTES_PER_LINE} a line of their {self.solution_lines:,} "
+              f"lines of reference solution)" if self.exercises else "no exercises")
+        return (f"*Time: about {self.reading_minutes + self.exercise_minutes} minutes: "
+                f"{self.reading_minutes} to read ({self.words:,} words, {self.code_lines:,} lines "
+                f"of code and {self.source_lines:,} lines of printed source, at 200 words, 20 "
+                f"and 5 lines a minute) and {ex}.*")
 
 
 def one_exercise_minutes(solution_lines: int) -> int:
@@ -253,6 +281,17 @@ def lesson_time(stem: str, root: Path = ROOT) -> LessonTime:
     return _time_of(_cells(path), stem, root)
 
 
+def exercise_time(stem: str, root: Path = ROOT) -> LessonTime:
+    """The rule applied to the exercise notebook a learner opens: ``solutions/<stem>.ipynb``
+    with its solutions stubbed out, as ``course_lib.authoring.exercises`` writes
+    ``exercises/<stem>.ipynb`` from it (reading), and its exercises (doing)."""
+    path = root / "solutions" / f"{stem}.ipynb"
+    if not path.exists():
+        raise FileNotFoundError(f"no solution notebook {path.relative_to(root)}; there are "
+                                f"{sorted(p.stem for p in (root / 'solutions').glob('*.ipynb'))}")
+    return _time_of(make_exercise(json.loads(path.read_text()))["cells"], stem, root)
+
+
 def _time_of(cells: list[dict], stem: str, root: Path) -> LessonTime:
     src, unresolved = printed_source_lines(cells, root)
     n_ex, sol_lines = solution_exercises(root / "solutions" / f"{stem}.ipynb")
@@ -298,13 +337,48 @@ def rewrite_header(path: Path, root: Path = ROOT) -> str | None:
         nb["cells"][i]["source"] = new.splitlines(keepends=True)
     if _source(nb["cells"][i]) == original:
         return None
-    from course_lib.authoring.exercises import dumps
+    return dumps(nb)
+
+
+def rewrite_exercise_header(path: Path, root: Path = ROOT) -> str | None:
+    """The solution notebook's text with its exercise notebook's header restated by the rule,
+    or added as the last paragraph of its title cell (the first markdown cell) when it has
+    none (None: no change)."""
+    nb = json.loads(path.read_text())
+    cells = nb["cells"]
+    holders = [j for j, c in enumerate(cells) if c["cell_type"] == "markdown"
+               and EXERCISE_STATED.search(_source(c))]
+    titles = [j for j, c in enumerate(cells) if c["cell_type"] == "markdown"]
+    if not holders and not titles:
+        raise ValueError(f"{path.name}: no markdown cell to hold the exercise notebook's time")
+    i = holders[0] if holders else titles[0]
+    original = _source(cells[i])
+    for _ in range(3):              # the header's own words count: restate until it holds
+        old = _source(cells[i])
+        t = _time_of(make_exercise(nb)["cells"], path.stem, root)
+        m = EXERCISE_STATED.search(old)
+        if m:
+            new = _rewrap(old[:m.start()] + t.exercise_header() + old[m.end():], m.start())
+        else:
+            head = old.rstrip("\n") + "\n\n"
+            new = _rewrap(head + t.exercise_header() + "\n", len(head)).rstrip("\n")
+        if new == old:
+            break
+        cells[i]["source"] = new.splitlines(keepends=True)
+    if _source(cells[i]) == original:
+        return None
     return dumps(nb)
 
 
 def stale_headers(root: Path = ROOT) -> list[str]:
     return [p.name for p in sorted((root / "notebooks").glob("*.ipynb"))
             if rewrite_header(p, root) is not None]
+
+
+def stale_exercise_headers(root: Path = ROOT) -> list[str]:
+    """Solution notebooks whose exercise-notebook header is missing or stale."""
+    return [p.name for p in sorted((root / "solutions").glob("*.ipynb"))
+            if rewrite_exercise_header(p, root) is not None]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -320,20 +394,38 @@ def main(argv: list[str] | None = None) -> int:
                   f"{t.code_lines} code lines, {t.source_lines} source lines"
                   + (f", unresolved {t.unresolved}" if t.unresolved else "")
                   + f"); {t.exercises} exercises, {t.exercise_minutes} min")
+            if (ROOT / "solutions" / p.name).exists():
+                e = exercise_time(p.stem)
+                print(f"{'  its exercise notebook':32s} read {e.reading_minutes:3d} min "
+                      f"({e.words} words, {e.code_lines} code lines, {e.source_lines} source "
+                      f"lines); in all {e.reading_minutes + e.exercise_minutes} min")
         return 0
     if args.check:
         stale = stale_headers()
         for s in stale:
             print("stale header:", s)
-        if stale:
+        stale_ex = stale_exercise_headers()
+        for s in stale_ex:
+            print("stale exercise-notebook header: solutions/" + s)
+        if stale or stale_ex:
             print("Run python -m course_lib.authoring.reading_time, then "
+                  "python -m course_lib.authoring.exercises and "
                   "python -m course_lib.authoring.workshop doc")
-        return 1 if stale else 0
+        return 1 if stale or stale_ex else 0
     for p in lessons:
         text = rewrite_header(p)
         if text is not None:
             p.write_text(text)
             print("rewrote the header of", p.relative_to(ROOT))
+    rewrote = False
+    for p in sorted((ROOT / "solutions").glob("*.ipynb")):
+        text = rewrite_exercise_header(p)
+        if text is not None:
+            p.write_text(text)
+            rewrote = True
+            print("rewrote the exercise notebook's header in", p.relative_to(ROOT))
+    if rewrote:
+        print("now regenerate exercises/: python -m course_lib.authoring.exercises")
     return 0
 
 

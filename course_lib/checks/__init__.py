@@ -12,7 +12,11 @@ Each exercise is registered once, in ``course_lib/checks/lessonNN.py``, with
   to prove that it rejects each one.
 
 ``check`` runs the learner's function on every case and prints what passed. On a failure
-it shows the input, the expected and the actual value, and the hint for that case. Every case also compares
+it shows the input, the expected and the actual value, and the hint for that case. When the
+learner's function raises, the failure names the exception and the line of the learner's own
+code it came from (the deepest frame outside course_lib and the installed packages); when a
+case expects an exception (``Case.raises``) and the function returned or raised another one,
+the failure says which exception the task asks for. Every case also compares
 the arguments after the call with a copy taken before it: a function that changes its input
 in place (a tensor, an array, a list or dict, a module's weights) fails, naming the argument,
 unless the exercise says that changing it is its job (``Exercise.mutates``). When the function
@@ -34,9 +38,11 @@ import copy
 import dataclasses
 import importlib
 import inspect
+import math
 import os
 import pkgutil
 import sys
+import sysconfig
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -52,7 +58,9 @@ class Case:
     """One input to an exercise. ``raises``: the learner's function must raise this type.
     ``hint``: what a failure on this case quotes: a hint written for this case (str, said as
     hint level 1 is: what to think about), the number of one of the exercise's hint steps,
-    ``""`` for no hint, or None for the exercise's first step."""
+    ``""`` for no hint, or None for the default: on a case that expects an exception, a hint
+    that names it (the task's sentence on refusals is the one to reread); on any other case,
+    the exercise's first step."""
     args: tuple
     kwargs: dict = field(default_factory=dict)
     label: str = ""
@@ -83,6 +91,11 @@ class Exercise:
     right: list[Callable] = field(default_factory=list)  # other readings of the task that are
                                    # also right (another precision, another order of exact
                                    # steps): tests/test_checks.py proves the checker passes each
+    slack: Callable | None = None  # slack(*args, **kwargs) -> an absolute tolerance per element
+                                   # of the answer, added to rtol/atol, for a computation the
+                                   # task allows in lower precision (a 16-bit product): an
+                                   # answer the plain tolerance refuses passes when every
+                                   # element is within it
 
     @property
     def hints(self) -> list[str]:
@@ -172,7 +185,25 @@ def compare_answer(expected, actual, rtol: float, atol: float, check_dtype: bool
                 f"(wrap it in float(...))")
     result = cmp("answer", expected, actual, rtol=rtol, atol=atol, check_dtype=check_dtype,
                  signed_zero=signed_zero)
-    return None if result else result.problem
+    if result:
+        return None
+    return result.problem + _number_kind_note(expected, actual)
+
+
+def _number_kind_note(expected, actual) -> str:
+    """Where a Python number is expected and a tensor or a NumPy scalar of lower precision came
+    back, say so: "expected 0.4, got 0.4" alone would leave the learner guessing."""
+    if not isinstance(expected, float):
+        return ""
+    if hasattr(actual, "detach"):
+        kind = f"a torch tensor ({actual.dtype})"
+    elif isinstance(actual, (np.ndarray, np.generic)) and not isinstance(actual, float):
+        what = "array" if isinstance(actual, np.ndarray) else "scalar"
+        kind = f"a NumPy {what} ({actual.dtype})"
+    else:
+        return ""
+    return (f" (your answer is {kind}; the answer is a Python number: compute in float64 "
+            f"and return float(...))")
 
 
 # ---- inputs changed in place ------------------------------------------------------------------
@@ -312,6 +343,97 @@ def _in_place_message(name: str, what: str, value: Any) -> str:
             f"({how}) or build a new result instead of writing into `{name}`")
 
 
+def _within_slack(ex: Exercise, case: Case, expected, actual) -> bool:
+    """True when ``actual`` has the right kind, shape and dtype and each element is within
+    rtol/atol plus the exercise's per-element ``slack`` for this case (``Exercise.slack``)."""
+    from course_lib.compare import to_numpy
+    if compare_answer(expected, actual, ex.rtol, math.inf, ex.check_dtype, ex.signed_zero,
+                      ex.int_results, ex.float_results) is not None:
+        return False                                  # not a matter of tolerance
+    slack = ex.slack(*copy.deepcopy(case.args), **copy.deepcopy(case.kwargs))
+    e, a = to_numpy(expected), to_numpy(actual)
+    extra = np.broadcast_to(to_numpy(slack), e.shape)
+    with np.errstate(invalid="ignore"):
+        ok = (e == a) | (np.isfinite(e) & np.isfinite(a)
+                         & (np.abs(e - a) <= ex.atol + ex.rtol * np.abs(e) + extra))
+    return bool(ok.all())
+
+
+# ---- where the learner's code raised -------------------------------------------------------
+
+_COURSE_LIB = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+_COURSE_PACKAGES = tuple(os.path.join(os.path.dirname(_COURSE_LIB), name)
+                         for name in ("course_lib", "kernels"))      # the course's own code
+
+
+def _library_roots() -> tuple[str, ...]:
+    roots = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.add(os.path.realpath(path))
+    return tuple(sorted(roots))
+
+
+_LIBRARY_ROOTS = _library_roots()
+
+
+def _library_name(filename: str) -> str:
+    """The package a frame's file belongs to ("torch", "numpy", "course_lib.kquants",
+    "kernels.w8a16"), or "" when the file is the learner's (a notebook cell, a script of
+    theirs)."""
+    if filename.startswith("<") and filename != "<stdin>":
+        return "" if filename.startswith(("<ipython-input", "<string")) else "python"
+    path = os.path.realpath(filename)
+    if any(path.startswith(package + os.sep) for package in _COURSE_PACKAGES):
+        rel = os.path.relpath(path, os.path.dirname(_COURSE_LIB))
+        return os.path.splitext(rel)[0].replace(os.sep, ".")
+    parts = path.split(os.sep)
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            i = parts.index(marker)
+            return os.path.splitext(parts[i + 1])[0] if i + 1 < len(parts) else marker
+    if any(path.startswith(root + os.sep) for root in _LIBRARY_ROOTS):
+        return os.path.splitext(os.path.basename(path))[0]
+    return ""
+
+
+def _cell_name(filename: str) -> str:
+    """How Jupyter names the cell a file stands for ("Cell In[7]"), else the file's name."""
+    shell = sys.modules.get("IPython")
+    try:
+        ip = shell.get_ipython() if shell is not None else None
+        named = ip.compile.format_code_name(filename) if ip is not None else None
+    except Exception:                                   # no shell, an older IPython
+        named = None
+    return " ".join(named) if named else os.path.basename(filename)
+
+
+def where_raised(err: BaseException) -> str:
+    """Where in the learner's own code ``err`` came from: the deepest frame of its traceback
+    outside course_lib and the installed packages, as "line 3 of Cell In[7], in `f`: code",
+    with the package it was raised inside, if any; "" when no frame of theirs is in it."""
+    frames = traceback.extract_tb(err.__traceback__)
+    mine = [i for i, f in enumerate(frames) if not _library_name(f.filename)]
+    if not mine:
+        return ""
+    i = mine[-1]
+    f = frames[i]
+    text = f"line {f.lineno} of {_cell_name(f.filename)}, in `{f.name}`"
+    if f.line:
+        text += f": {f.line.strip()}"
+    if i + 1 < len(frames):
+        text += f" (raised inside {_library_name(frames[-1].filename)}, called from there)"
+    return text
+
+
+def _raised(err: BaseException) -> str:
+    """The exception in one line, and where the learner's code raised it."""
+    what = traceback.format_exception_only(type(err), err)[-1].strip()
+    where = where_raised(err)
+    return what + (f"\n    where:    {where}" if where else "")
+
+
 @dataclass
 class CheckResult:
     """What ``check`` found; truthy only when every case passed."""
@@ -348,8 +470,22 @@ def _first_hint(ex: Exercise) -> str:
     return ex.hints[0] + tail
 
 
+def case_label(case: Case) -> str:
+    """The label a learner reads: a case that expects an exception says which, even where its
+    label does not ("0 parameters: raise ValueError")."""
+    if case.raises is None or case.raises.__name__ in case.label:
+        return case.label
+    return f"{case.label}: raise {case.raises.__name__}" if case.label else \
+        f"raise {case.raises.__name__}"
+
+
 def case_hint(ex: Exercise, case: Case) -> str:
     """The hint a failure on ``case`` quotes ("" for none): see ``Case.hint``."""
+    if case.hint is None and case.raises is not None:
+        name = case.raises.__name__
+        return (f"the task asks for {name} on an input like this one: reread its sentence on "
+                f"what to refuse, and raise {name} (not another exception, not a return "
+                f"value) for it (the exercise's steps: hint({ex.id!r}), then level=2)")
     if case.hint is None:
         return _first_hint(ex)
     if isinstance(case.hint, str):
@@ -393,7 +529,8 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
     cases = ex.cases()
     say = (lambda *a: None) if quiet else print
     for i, case in enumerate(cases):
-        where = f"case {i + 1}/{len(cases)}" + (f" ({case.label})" if case.label else "")
+        label = case_label(case)
+        where = f"case {i + 1}/{len(cases)}" + (f" ({label})" if label else "")
         shown_input = _short(case.args if not case.kwargs else (case.args, case.kwargs))
         args, kwargs = copy.deepcopy((case.args, case.kwargs))   # the learner's own copy
         before = copy.deepcopy((args, kwargs))                    # what they held before
@@ -415,9 +552,11 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
                 problem = changed_inputs(fn, before, (args, kwargs), ex.mutates, ex.reference)
                 if not problem:
                     continue
+            elif case.raises is not None:
+                problem = (f"expected your function to raise {case.raises.__name__} for this "
+                           f"input, but it raised {_raised(err)}")
             else:
-                tb = traceback.format_exception_only(type(err), err)[-1].strip()
-                problem = f"your function raised {tb}"
+                problem = f"your function raised {_raised(err)}"
         else:
             problem = changed_inputs(fn, before, (args, kwargs), ex.mutates, ex.reference)
             if not problem and case.raises is not None:
@@ -427,10 +566,18 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
                 expected = ex.reference(*copy.deepcopy(case.args), **copy.deepcopy(case.kwargs))
                 problem = compare_answer(expected, actual, ex.rtol, ex.atol, ex.check_dtype,
                                          ex.signed_zero, ex.int_results, ex.float_results)
+                if problem and ex.slack is not None and _within_slack(ex, case, expected,
+                                                                       actual):
+                    problem = None
                 if problem:
                     problem += f"\n    expected: {_short(expected)}\n    actual:   {_short(actual)}"
         if problem:
             quoted = case_hint(ex, case)
+            if case.hint is None and case.raises is None and _is_about_the_kind(problem):
+                quoted = (f"the values may well be right; the kind of answer is not: reread "
+                          f"the task's sentence on what to return (its type, dtype, a Python "
+                          f"number or a tensor) (the exercise's steps: hint({exercise_id!r}), "
+                          f"then level=2)")
             report = (f"{exercise_id} ({ex.title}): {where} FAILED\n    input:    {shown_input}\n"
                       f"    problem:  {problem}\n" + (f"    hint:     {quoted}\n" if quoted else "")
                       + f"    ({i} of {len(cases)} cases passed before this one)")
@@ -438,13 +585,28 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
             if _mode() != "learner":
                 raise AssertionError(report)
             return CheckResult(exercise_id, "failed", i, len(cases), report)
-    labels = ", ".join(c.label for c in cases if c.label)
+    labels = ", ".join(case_label(c) for c in cases if c.label)
     report = f"{exercise_id} ({ex.title}): all {len(cases)} cases passed" + (
         f" (including: {labels})" if labels else "")
     say(report)
     if _mode() == "learner":
         _record_pass(exercise_id, len(cases))
     return CheckResult(exercise_id, "passed", len(cases), len(cases), report)
+
+
+_KIND_PROBLEMS = ("expected dtype", "expected a Python float", "expected a whole number",
+                  "expected a torch.Tensor", "expected a numpy.ndarray", "expected a number",
+                  "expected a dict", "expected a tuple", "your function returned None")
+
+
+def _is_about_the_kind(problem: str) -> bool:
+    """Whether a failure is about what kind of object came back (its type or dtype), not its
+    values: then the exercise's first hint step, about the algorithm, is not the one to quote."""
+    first = problem.split("\n", 1)[0]
+    while first.startswith(("item ", "[")):                  # "item 1: ...", "['mae'] ..."
+        first = first.split(": ", 1)[-1] if first.startswith("item ") else \
+            first.split("] ", 1)[-1]
+    return first.startswith(_KIND_PROBLEMS)
 
 
 def _triton_missing(err: BaseException) -> str:
@@ -477,4 +639,5 @@ def yours_or_library(result: "CheckResult", yours: Callable, library: Callable,
 
 
 __all__ = ["yours_or_library", "Case", "Exercise", "register", "check", "hint", "HintText",
-           "case_hint", "load_all", "EXERCISES", "CheckResult", "compare_answer", "changed_inputs"]
+           "case_hint", "case_label", "load_all", "EXERCISES", "CheckResult", "compare_answer",
+           "changed_inputs", "where_raised"]

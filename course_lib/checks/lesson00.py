@@ -24,7 +24,9 @@ def _weight_cases():
         Case((8.03e9, 4, 32), label="8B in INT4, group 32"),
         Case((116.83e9, 4, 32, 8), label="MXFP4-style: 8-bit scale per 32"),
         Case((1e6, 3), label="a small model at 3 bits"),
-        Case((1e6, 4, 1, 4), label="group size 1: a 4-bit scale per weight doubles the bits"),
+        Case((1e6, 4, 1, 4), label="group size 1: a 4-bit scale per weight doubles the bits",
+             hint="With a scale for every single weight, how many extra bits per weight does the "
+                  "scale add?"),
         Case((0, 16), raises=ValueError, label="zero parameters"),
         Case((-5e9, 8), raises=ValueError, label="negative parameters"),
         Case((1e9, 4, 0), raises=ValueError, label="group size 0"),
@@ -95,15 +97,23 @@ def _kv_cases():
         Case((hw.get_model("Llama 3.1 8B").config(),), label="Llama 3.1 8B, BF16"),
         Case((hw.get_model("Llama 3.1 70B").config(), 1), label="70B with an FP8 cache"),
         Case((hw.get_model("Gemma 2 27B").config(),),
-             label="Gemma 2 27B: head_dim 128 is not hidden_size / heads = 144"),
+             label="Gemma 2 27B: head_dim 128 is not hidden_size / heads = 144",
+             hint="When the config gives head_dim, which wins: it, or hidden_size / "
+                  "num_attention_heads?"),
         Case((hw.get_model("gpt-oss-120b").config(),), label="gpt-oss-120b, head_dim 64"),
-        Case((gpt2_like,), label="no num_key_value_heads and no head_dim (plain multi-head)"),
+        Case((gpt2_like,), label="no num_key_value_heads and no head_dim (plain multi-head)",
+             hint="Without num_key_value_heads, how many KV heads does plain multi-head attention "
+                  "have? Without head_dim, where does the head size come from?"),
         Case((smollm2_135m, 0.5), label="SmolLM2-135M: grouped-query (3 KV heads) without "
              "head_dim, a 4-bit cache"),
         Case(({**smollm2_135m, "head_dim": None},),
-             label="head_dim present but null (as some config.json files write it): derive it"),
+             label="head_dim present but null (as some config.json files write it): derive it",
+             hint="A key present with the value None (null in config.json): does config.get(key, "
+                  "default) give the default then? Treat None as missing."),
         Case(({**gpt2_like, "num_key_value_heads": None, "head_dim": None}, 1),
-             label="num_key_value_heads and head_dim both null: plain multi-head"),
+             label="num_key_value_heads and head_dim both null: plain multi-head",
+             hint="A key present with the value None (null in config.json): does config.get(key, "
+                  "default) give the default then? Treat None as missing."),
         Case(({"num_hidden_layers": 2, "num_attention_heads": 7, "hidden_size": 100},),
              label="no head_dim and hidden_size 100 over 7 heads: not a whole head_dim, raise "
              "ValueError", raises=ValueError,
@@ -272,10 +282,15 @@ def _conv_cases():
         Case((80, 0.9, 36.4, kv70, 8000), label="70B INT4 g128 on one H100, 8,000-token chats"),
         Case((80, 1.0, 70.6, kv70, 4096), label="70B FP8 on a whole H100, 4,096 tokens"),
         Case((80, 1.0, 70.6, kv70 / 2, 4096), label="the same with an FP8 KV cache"),
-        Case((80, 0.9, 141.2, kv70, 8000), label="weights larger than the GPU: none fit"),
+        Case((80, 0.9, 141.2, kv70, 8000), label="weights larger than the GPU: none fit",
+             hint="When the weights alone take more than the usable memory, how many conversations "
+                  "fit? Not a negative number."),
         Case((24, 0.9, 4.14, 131072, 32768), label="8B INT4 on an RTX 4090, 32k context"),
-        Case((80, 0.9, 72.0, kv70, 100), label="weights fill the usable memory exactly"),
-        Case((80, 1.0, 16.0, 1e6, 1000), label="exactly 64 conversations: no rounding either way"),
+        Case((80, 0.9, 72.0, kv70, 100), label="weights fill the usable memory exactly",
+             hint="With no memory left for the cache, how many conversations fit?"),
+        Case((80, 1.0, 16.0, 1e6, 1000), label="exactly 64 conversations: no rounding either way",
+             hint="Only whole conversations count, rounded down: does your arithmetic give exactly "
+                  "64 here, or 63.99999 that floors to 63?"),
         Case((80, 0.9, 30.0, kv70, 0), raises=ValueError, label="zero-token conversations"),
         Case((80, 0.9, 30.0, kv70, -8000), raises=ValueError, label="negative tokens"),
         Case((80, 1.5, 30.0, kv70, 8000), raises=ValueError,

@@ -99,13 +99,23 @@ register(Exercise(
         Case((0x7E,), label="448, the largest value"),
         Case((0xBE,), label="-448: the sign bit"),
         Case((0x08,), label="smallest normal 2^-6"),
-        Case((0x01,), label="smallest subnormal 2^-9"),
-        Case((0x05,), label="a subnormal"),
+        Case((0x01,), label="smallest subnormal 2^-9",
+             hint="With an exponent field of 0: is there an implicit leading 1, and which exponent "
+                  "applies?"),
+        Case((0x05,), label="a subnormal",
+             hint="With an exponent field of 0: is there an implicit leading 1, and which exponent "
+                  "applies?"),
         Case((0x00,), label="zero"),
-        Case((0x80,), label="0x80 is -0.0: the sign bit still counts"),
-        Case((0x78,), label="0x78 = 256: an all-ones exponent is still a number"),
-        Case((0x7F,), label="0x7F: NaN, not inf"),
-        Case((0xFF,), label="0xFF: NaN as well (sign bit set), not -480"),
+        Case((0x80,), label="0x80 is -0.0: the sign bit still counts",
+             hint="Does the sign bit survive when the magnitude is 0? -0.0 and +0.0 "
+                  "are different."),
+        Case((0x78,), label="0x78 = 256: an all-ones exponent is still a number",
+             hint="E4M3 has no infinity: which patterns with an all-ones exponent are still "
+                  "numbers?"),
+        Case((0x7F,), label="0x7F: NaN, not inf",
+             hint="Which patterns are NaN in E4M3 (it has no infinity), whatever the sign bit?"),
+        Case((0xFF,), label="0xFF: NaN as well (sign bit set), not -480",
+             hint="Which patterns are NaN in E4M3 (it has no infinity), whatever the sign bit?"),
         Case((0x4D,), label="0x4D"),
     ],
     hint=["Split the byte into its three fields first (shifts and masks), then ask: which "
@@ -115,7 +125,7 @@ register(Exercise(
           "e == 0: (m/8) * 2^(1 - 7). Only e == 15 with m == 7 is NaN.",
           "Build the magnitude, then `return -value if s else value` (for value 0.0 that gives "
           "-0.0, as it should)."],
-    signed_zero=True,
+    signed_zero=True, float_results=True,        # the task: "returning a Python float"
     wrong=[_wrong_decode_unsigned_zero, _wrong_decode_no_bias, _wrong_decode_no_subnormals, _wrong_decode_ieee_specials,
            _wrong_decode_7f_is_inf, _wrong_decode_ignores_sign,
            _wrong_decode_subnormal_exponent_minus7, _wrong_decode_only_7f_nan],
@@ -166,12 +176,21 @@ register(Exercise(
         Case((1.0,), label="1.0 -> 0x3F80"),
         Case((3.140625,), label="exactly representable"),
         Case((float(np.float32(0.1)),), label="0.1 rounds up"),
-        Case((1.0 + 2.0 ** -8,), label="a tie: stays on the even 1.0"),
-        Case((1.0 + 3 * 2.0 ** -8,), label="a tie: goes up to the even neighbour"),
+        Case((1.0 + 2.0 ** -8,), label="a tie: stays on the even 1.0",
+             hint="Exactly half-way between two bfloat16 values: round to the even one. "
+                  "Truncating the low 16 bits, or adding 0x8000 alone, does not."),
+        Case((1.0 + 3 * 2.0 ** -8,), label="a tie: goes up to the even neighbour",
+             hint="Exactly half-way between two bfloat16 values: round to the even one. Truncating "
+                  "the low 16 bits, or adding 0x8000 alone, does not."),
         Case((-2.5 - 2.0 ** -9,), label="negative, rounds down in magnitude"),
-        Case((float(np.finfo(np.float32).max),), label="float32 max rounds to inf (0x7F80)"),
-        Case((-0.0,), label="-0.0 -> 0x8000"),
-        Case((1.0e-40,), label="a float32 subnormal"),
+        Case((float(np.finfo(np.float32).max),), label="float32 max rounds to inf (0x7F80)",
+             hint="Rounding up the largest float32 carries into the exponent: which pattern "
+                  "results, and is that inf?"),
+        Case((-0.0,), label="-0.0 -> 0x8000",
+             hint="Does the sign bit survive when the magnitude is 0? -0.0 and +0.0 "
+                  "are different."),
+        Case((1.0e-40,), label="a float32 subnormal",
+             hint="Does your rounding work on the 32-bit pattern itself, subnormals included?"),
     ],
     hint=["BF16 keeps the top 16 of FP32's 32 bits. Keeping them as they are truncates; what "
           "must you add to the 32-bit pattern before dropping the low 16 so that it rounds to "
@@ -314,20 +333,38 @@ register(Exercise(
     reference=_ref_round_e4m3,
     cases=lambda: [
         Case((0.1,), label="0.1 -> 0.1015625"),
-        Case((1.0625,), label="a tie: stays on the even 1.0"),
-        Case((1.1875,), label="a tie: goes up to the even 1.25"),
+        Case((1.0625,), label="a tie: stays on the even 1.0",
+             hint="Exactly half-way between two codes: which way does the task round? Half to "
+                  "even (Python's round); floor(x + 0.5) and rounding away from zero do not."),
+        Case((1.1875,), label="a tie: goes up to the even 1.25",
+             hint="Exactly half-way between two codes: which way does the task round? Half to even "
+                  "(np.round, torch.round, Python's round); floor(x + 0.5) and rounding away from "
+                  "zero do not."),
         Case((300.0,), label="300 -> 288"),
         Case((-0.3,), label="negative"),
-        Case((0.001,), label="subnormal range: step 2^-9"),
-        Case((0.0009,), label="under half the smallest subnormal: 0"),
-        Case((464.0,), label="464, a tie at the top: 448"),
-        Case((1000.0,), label="too big: saturates to 448"),
+        Case((0.001,), label="subnormal range: step 2^-9",
+             hint="Below the smallest normal (2^-6) the gap between values stops shrinking: what "
+                  "is it there?"),
+        Case((0.0009,), label="under half the smallest subnormal: 0",
+             hint="Below the smallest normal (2^-6) the gap between values stops shrinking: what "
+                  "is it there, and where does half of it round?"),
+        Case((464.0,), label="464, a tie at the top: 448",
+             hint="464 is half-way between 448 and 480 (past E4M3's top): the tie goes to the "
+                  "even mantissa, 448, as every larger value saturates there."),
+        Case((1000.0,), label="too big: saturates to 448",
+             hint="Past the top, does your rounding saturate at 448?"),
         Case((0.0,), label="zero"),
-        Case((-0.0,), label="-0.0 keeps its sign"),
-        Case((-0.0009,), label="a tiny negative rounds to -0.0, not +0.0"),
-        Case((-464.0,), label="-464: a tie at the top, saturates to -448"),
+        Case((-0.0,), label="-0.0 keeps its sign",
+             hint="Does the sign bit survive when the magnitude is 0? -0.0 and +0.0 "
+                  "are different."),
+        Case((-0.0009,), label="a tiny negative rounds to -0.0, not +0.0",
+             hint="Does the sign bit survive when the magnitude is 0? -0.0 and +0.0 "
+                  "are different."),
+        Case((-464.0,), label="-464: a tie at the top, saturates to -448",
+             hint="-464 is half-way between -448 and -480 (past E4M3's range): the tie goes "
+                  "to the even mantissa, -448, as every larger magnitude saturates there."),
     ],
-    signed_zero=True,
+    signed_zero=True, float_results=True,        # the task: "as a Python float"
     hint=["How does the gap between neighbouring E4M3 values depend on the size of the "
           "number, and what changes below the smallest normal one? Once you can round to a "
           "multiple of that gap (ties to even), what about numbers past the top, and the sign?",

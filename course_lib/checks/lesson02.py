@@ -20,12 +20,18 @@ def _absmax_cases():
         Case((np.array(EX_A), 8), label="worked example A, INT8"),
         Case((np.array(EX_A), 4), label="worked example A, INT4"),
         Case((np.array(EX_B), 4), label="worked example B, INT4"),
-        Case((np.array([-2.0, 0.5, 1.0, 0.25]), 4), label="largest magnitude is negative"),
+        Case((np.array([-2.0, 0.5, 1.0, 0.25]), 4), label="largest magnitude is negative",
+             hint="Is the scale set by the largest value, or by the largest magnitude?"),
         Case((rng.normal(size=64), 3), label="64 random values, INT3"),
         Case((np.array([0.3, -0.1, 0.05, 0.06]), 2), label="INT2: levels -1, 0, 1"),
-        Case((np.zeros(5), 8), label="all zeros (scale must not be 0)"),
+        Case((np.zeros(5), 8), label="all zeros (scale must not be 0)",
+             hint="An all-zero group has a largest magnitude of 0: which scale keeps the "
+                  "division away from 0 / 0 (no NaN back)?"),
         Case((np.array([7.0, 0.5, 1.5, 2.5, -2.5, -0.5, 3.5]), 4),
-             label="exact ties (x / scale = 0.5, 1.5, 2.5, ...): round half to even"),
+             label="exact ties (x / scale = 0.5, 1.5, 2.5, ...): round half to even",
+             hint="Exactly half-way between two codes: which way does the task round? Half to even "
+                  "(np.round, torch.round, Python's round); floor(x + 0.5) and rounding away from "
+                  "zero do not."),
         # no value here sits within a rounding of a tie, so float64 and float32 arithmetic
         # give the same codes (tests/test_checks.py runs both readings, ``right`` below)
         Case((np.array([0.2, -0.05, 0.11, 0.7, -0.33], dtype=np.float32), 8),
@@ -121,15 +127,31 @@ def _zp_cases():
     return [
         Case((-0.4, 1.1, 4), label="the lesson's range -0.4..1.1 in INT4"),
         Case((-1.0, 1.0, 8), label="symmetric range in 8 bits"),
-        Case((0.2, 1.5, 4), label="range above zero (widen it to include 0)"),
-        Case((-3.0, -1.0, 8), label="range below zero"),
+        Case((0.2, 1.5, 4), label="range above zero (widen it to include 0)",
+             hint="Widen the range to include 0 first (x_min at most 0, x_max at least 0); only a "
+                  "range still empty after that gets the task's fallback scale."),
+        Case((-3.0, -1.0, 8), label="range below zero",
+             hint="Widen the range to include 0 first (x_min at most 0, x_max at least 0); only a "
+                  "range still empty after that gets the task's fallback scale."),
         Case((-0.05, 0.7, 3), label="3 bits"),
         Case((0.0, 0.0, 4), label="a range still empty after widening to include 0 (0..0): "
-             "scale 1.0, zero 0"),
-        Case((0.5, 0.5, 4), label="x_min == x_max = 0.5: widened to 0..0.5, not empty"),
-        Case((-0.3, -0.3, 8), label="x_min == x_max = -0.3: widened to -0.3..0, not empty"),
-        Case((-0.25, 1.25, 2), label="a tie: -x_min / scale = 0.5 exactly, rounds to even 0"),
-        Case((-0.75, 0.75, 2), label="a tie: -x_min / scale = 1.5 exactly, rounds to even 2"),
+             "scale 1.0, zero 0",
+             hint="Widen the range to include 0 first (x_min at most 0, x_max at least 0); only a "
+                  "range still empty after that gets the task's fallback scale."),
+        Case((0.5, 0.5, 4), label="x_min == x_max = 0.5: widened to 0..0.5, not empty",
+             hint="Widen the range to include 0 first (x_min at most 0, x_max at least 0); only a "
+                  "range still empty after that gets the task's fallback scale."),
+        Case((-0.3, -0.3, 8), label="x_min == x_max = -0.3: widened to -0.3..0, not empty",
+             hint="Widen the range to include 0 first (x_min at most 0, x_max at least 0); only a "
+                  "range still empty after that gets the task's fallback scale."),
+        Case((-0.25, 1.25, 2), label="a tie: -x_min / scale = 0.5 exactly, rounds to even 0",
+             hint="Exactly half-way between two codes: which way does the task round? Half to even "
+                  "(np.round, torch.round, Python's round); floor(x + 0.5) and rounding away from "
+                  "zero do not."),
+        Case((-0.75, 0.75, 2), label="a tie: -x_min / scale = 1.5 exactly, rounds to even 2",
+             hint="Exactly half-way between two codes: which way does the task round? Half to even "
+                  "(np.round, torch.round, Python's round); floor(x + 0.5) and rounding away from "
+                  "zero do not."),
         Case((1.0, -1.0, 4), label="x_min > x_max must raise ValueError", raises=ValueError),
     ]
 
@@ -244,7 +266,9 @@ def _deq_cases():
              label="symmetric INT8 codes, no zero point"),
         Case((qa.q, 0.1, 4), label="asymmetric INT4 codes (uint8) with zero point 4"),
         Case((np.array([0, 1, 2, 255], dtype=np.uint8), 0.02, 128),
-             label="uint8 codes below the zero point"),
+             label="uint8 codes below the zero point",
+             hint="With uint8 codes, what is 2 - 4? Leave the integer dtype before subtracting the "
+                  "zero point."),
         Case((rng.integers(0, 16, size=(3, 8)).astype(np.uint8), 0.05, 7),
              label="a 3 x 8 block of uint4 codes"),
         Case((np.zeros(4, dtype=np.uint8), 0.1, 0), label="all codes zero"),
@@ -302,7 +326,9 @@ def _metric_cases():
         Case((xb, quant.fake_quantize(xb, "int8", "per_tensor")), label="example B in INT8"),
         Case((g, g + 0.1 * rng.normal(size=256)), label="noise at 1/10 of the signal"),
         Case((np.array([1.0, -2.0, 2.0]), np.array([1.0, -1.0, 2.0])), label="one error of 1"),
-        Case((np.array([3.0, -4.0]), np.array([3.0, -4.0])), label="exact (SQNR is inf)"),
+        Case((np.array([3.0, -4.0]), np.array([3.0, -4.0])), label="exact (SQNR is inf)",
+             hint="When the error is all zero, what is the signal-to-noise ratio? The task says "
+                  "what to return then."),
         Case((np.zeros(4), np.zeros(4)), label="all zeros, reproduced exactly: no noise, SQNR "
              "inf (not 0 / 0 = NaN)",
              hint="With no noise at all the SQNR is inf, whatever the signal: test the noise "
@@ -311,10 +337,14 @@ def _metric_cases():
               np.array([0.5, -0.5, 0.0], dtype=np.float32)), label="float32 arrays"),
         Case((np.array([0, 100, 200, 255], dtype=np.uint8),
               np.array([3, 98, 203, 250], dtype=np.uint8)),
-             label="uint8 codes: 0 - 3 must be -3, not 253 (leave the integer dtype first)"),
+             label="uint8 codes: 0 - 3 must be -3, not 253 (leave the integer dtype first)",
+             hint="Integer dtypes wrap around: convert both inputs to float64 before "
+                  "subtracting or squaring."),
         Case((np.array([100, -100, 50, 7], dtype=np.int8),
               np.array([90, -90, 50, 7], dtype=np.int8)),
-             label="int8 values: 100**2 does not fit in int8"),
+             label="int8 values: 100**2 does not fit in int8",
+             hint="Integer dtypes wrap around: convert both inputs to float64 before subtracting "
+                  "or squaring."),
     ]
 
 
@@ -378,4 +408,5 @@ register(Exercise(
           "math.inf for sqnr_db when sum(e**2) == 0."],
     wrong=[_wrong_metrics_signed, _wrong_metrics_no_sqrt, _wrong_metrics_20log,
            _wrong_metrics_amplitude, _wrong_metrics_int_dtype, _wrong_metrics_nan_no_noise],
+    float_results=True,                          # the task: "(Python floats)"
 ))

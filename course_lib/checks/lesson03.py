@@ -30,10 +30,16 @@ def _group_cases():
         Case((w, 16), label="4 x 64 weights with one outlier, groups of 16"),
         Case((w, 32, 3), label="INT3, groups of 32"),
         Case((rng.normal(size=(3, 24)) * np.array([[1.0], [10.0], [0.1]]), 8),
-             label="rows of very different size (scales must be per row)"),
-        Case((z, 8), label="an all-zero group (scale 1.0, codes 0)"),
+             label="rows of very different size (scales must be per row)",
+             hint="Is each group's scale taken over its own values only (its row, its columns)?"),
+        Case((z, 8), label="an all-zero group (scale 1.0, codes 0)",
+             hint="An all-zero group has a largest magnitude of 0: which scale keeps the "
+                  "division away from 0 / 0 (no NaN back)?"),
         Case((np.array([[7.0, 0.5, 1.5, 2.5, -2.5, -0.5, 3.5, -6.5]]), 8),
-             label="exact ties (0.5, 1.5, 2.5, ... steps): round half to even"),
+             label="exact ties (0.5, 1.5, 2.5, ... steps): round half to even",
+             hint="Exactly half-way between two codes: which way does the task round? Half to even "
+                  "(np.round, torch.round, Python's round); floor(x + 0.5) and rounding away from "
+                  "zero do not."),
         Case((w, 48), label="48 does not divide 64: raise ValueError", raises=ValueError),
         Case((w, 0), label="group size 0: raise ValueError", raises=ValueError),
     ]
@@ -201,8 +207,12 @@ def _mx_cases():
         Case((b4,), label="32 small random weights"),
         Case((b5,), label="max exactly 4.0, a power of two"),
         Case((b6,), label="largest magnitude is negative (-3.0): use max|x|"),
-        Case((np.zeros(32, dtype=np.float32),), label="all zeros (scale 1.0)"),
-        Case((b7,), label="E2M1 ties (2.5, 5, 0.25, 1.25, 1.75) round to even; -0.1 gives -0.0"),
+        Case((np.zeros(32, dtype=np.float32),), label="all zeros (scale 1.0)",
+             hint="An all-zero group has a largest magnitude of 0: which scale keeps the "
+                  "division away from 0 / 0 (no NaN back)?"),
+        Case((b7,), label="E2M1 ties (2.5, 5, 0.25, 1.25, 1.75) round to even; -0.1 gives -0.0",
+             hint="E2M1 ties round to the even neighbour, and a tiny negative value keeps its sign "
+                  "as -0.0: does yours?"),
         Case((np.ones(20, dtype=np.float32),), label="20 values: raise ValueError",
              raises=ValueError),
     ]
@@ -300,12 +310,21 @@ def _asym_cases():
              label="lesson 02's range -0.4..1.1, one group of 8"),
         Case((lop, 16), label="lopsided rows, groups of 16"),
         Case((w, 32, 3), label="INT3 with an outlier, groups of 32"),
-        Case((pos, 8), label="every value above 0 (the range must still include 0)"),
-        Case((np.zeros((2, 8)), 4), label="all-zero groups"),
+        Case((pos, 8), label="every value above 0 (the range must still include 0)",
+             hint="Widen the range to include 0 first (x_min at most 0, x_max at least 0); only a "
+                  "range still empty after that gets the task's fallback scale."),
+        Case((np.zeros((2, 8)), 4), label="all-zero groups",
+             hint="An all-zero group has a largest magnitude of 0: which scale keeps the "
+                  "division away from 0 / 0 (no NaN back)?"),
         Case((np.array([[0.5] * 4 + [-0.3] * 4, [0.0] * 4 + [1.0, 1.0, 1.0, 1.0]]), 4),
-             label="constant groups (min == max, not 0): widened to include 0, not empty"),
+             label="constant groups (min == max, not 0): widened to include 0, not empty",
+             hint="Widen the range to include 0 first (x_min at most 0, x_max at least 0); only a "
+                  "range still empty after that gets the task's fallback scale."),
         Case((np.array([[0.0, 0.25, 0.75, 1.5]]), 4, 2),
-             label="INT2 ties: x / scale + zero lands on .5 (round half to even)"),
+             label="INT2 ties: x / scale + zero lands on .5 (round half to even)",
+             hint="Exactly half-way between two codes: which way does the task round? Half to even "
+                  "(np.round, torch.round, Python's round); floor(x + 0.5) and rounding away from "
+                  "zero do not."),
         Case((lop, 5), label="5 does not divide 32: raise ValueError", raises=ValueError),
     ]
 
@@ -389,9 +408,12 @@ def _outlier_cases():
     return [
         Case((w,), label="16 x 64 weights with three planted outliers, k = 6"),
         Case((w, 3.0), label="k = 3 removes more"),
-        Case((neg, 2.0), label="a negative outlier (compare |w|)"),
+        Case((neg, 2.0), label="a negative outlier (compare |w|)",
+             hint="Is an outlier judged by its value or by its magnitude?"),
         Case((tie, 6.0), label="an entry just under k x RMS stays"),
-        Case((np.zeros((2, 4), dtype=np.float32),), label="all zeros: nothing to remove"),
+        Case((np.zeros((2, 4), dtype=np.float32),), label="all zeros: nothing to remove",
+             hint="With an RMS of 0, does your comparison still leave the zeros alone, with no "
+                  "NaN?"),
         Case((w, 0.0), label="k = 0: raise ValueError", raises=ValueError),
         Case((w[0],), label="a 1-D row: raise ValueError", raises=ValueError),
     ]

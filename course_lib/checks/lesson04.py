@@ -115,14 +115,20 @@ def _kl_cases():
     return [
         Case((p, p.clone()), label="identical distributions: KL 0, agreement 1"),
         Case((p, q), label="a slightly perturbed model"),
-        Case((peaked, flat), label="peaked reference vs flat variant (direction matters)"),
+        Case((peaked, flat), label="peaked reference vs flat variant (direction matters)",
+             hint="KL from which distribution to which? The reference's probabilities weight the "
+                  "log ratio."),
         Case((peaked, peaked[[1, 1, 2]]), label="one of three argmaxes differs: agreement 2/3"),
         Case((torch.log(torch.tensor([[0.4, 0.4, 0.2], [0.2, 0.4, 0.4]])),
               torch.log(torch.tensor([[0.3, 0.5, 0.2], [0.2, 0.4, 0.4]]))),
-             label="exact ties: the first of the tied tokens is the top-1 (as argmax does)"),
+             label="exact ties: the first of the tied tokens is the top-1 (as argmax does)",
+             hint="On a tie for the largest probability, which token is the top-1? argmax returns "
+                  "the first."),
         Case((torch.log(torch.tensor([[0.5, 0.5, 0.0], [0.0, 1.0, 0.0]])),
               torch.log(torch.tensor([[0.25, 0.5, 0.25], [0.1, 0.8, 0.1]]))),
-             label="reference probabilities of exactly 0 (log-prob -inf): 0 ln 0 counts as 0"),
+             label="reference probabilities of exactly 0 (log-prob -inf): 0 ln 0 counts as 0",
+             hint="Where the reference probability is 0 (log-prob -inf), what does p ln(p / q) "
+                  "add? 0 ln 0 counts as 0: no NaN."),
         Case((torch.log_softmax(torch.tensor([[0.0, -1.0, -3.0]]), -1),
               torch.log_softmax(torch.tensor([[0.0, -120.0, -3.0]]), -1)),
              label="the variant gives a likely token log-prob -120: exp(-120) is 0 in float32",
@@ -232,8 +238,11 @@ def _outlier_cases():
     return [
         Case((a, 5.0), label="two planted outliers among 64 channels"),
         Case((a, 20.0), label="a higher threshold keeps only the biggest"),
-        Case((tie, 5.0), label="exactly 5x the median is not an outlier (strictly greater)"),
-        Case((skewed, 5.0), label="three huge channels: the median, not the mean, is the yardstick"),
+        Case((tie, 5.0), label="exactly 5x the median is not an outlier (strictly greater)",
+             hint="Is a channel exactly at the threshold an outlier? The task says strictly "
+                  "greater."),
+        Case((skewed, 5.0), label="three huge channels: the median, not the mean, is the yardstick",
+             hint="Which yardstick: the median or the mean of the channels' magnitudes?"),
         Case((torch.ones(8), 2.0), label="no outliers: an empty tensor"),
         Case((a, 0.0), label="ratio 0: raise ValueError", raises=ValueError),
         Case((a, -5.0), label="a negative ratio: raise ValueError", raises=ValueError),
@@ -301,7 +310,9 @@ def _q4_1_cases():
         Case((_q4_1_raw(rng.standard_normal((6, 32)).astype(np.float32)),),
              label="six random blocks"),
         Case((_q4_1_raw(const),), label="a constant block: scale 0, every weight = the minimum"),
-        Case((_q4_1_raw(tiny),), label="tiny weights: subnormal fp16 scales"),
+        Case((_q4_1_raw(tiny),), label="tiny weights: subnormal fp16 scales",
+             hint="Do you read bytes 0-3 as two float16 numbers (a view of the bytes), subnormals "
+                  "included?"),
         Case((_q4_1_raw(big),), label="large positive weights: the minimum is not 0"),
         Case((torch.zeros(2, 18, dtype=torch.uint8),), label="rows of 18 bytes: raise ValueError",
              raises=ValueError),
@@ -401,7 +412,9 @@ def _fq_cases():
         Case((w[:8, :32], 3, 8), label="INT3 in groups of 8"),
         Case((spike, 4), {"group_size": 16},
              label="an outlier input: only its own group's scale grows"),
-        Case((zero_row, 4, 8), label="an all-zero row: zeros back, no NaN"),
+        Case((zero_row, 4, 8), label="an all-zero row: zeros back, no NaN",
+             hint="An all-zero group has a largest magnitude of 0: which scale keeps the "
+                  "division away from 0 / 0 (no NaN back)?"),
         Case((torch.randn(4, 64, generator=g).bfloat16(), 4, 16),
              label="a bf16 weight comes back in bf16"),
         Case((w, 1), label="bits=1: raise ValueError", raises=ValueError),

@@ -23,12 +23,17 @@ def _rows_cases():
     return [
         Case((ties,), label="by hand: scales 0.01 and 0.02, ties round to even"),
         Case((_x(8, 64, 0),), label="random activations (8 tokens, 64 features)"),
-        Case((torch.zeros(2, 5),), label="all-zero rows: scale 1, codes 0"),
+        Case((torch.zeros(2, 5),), label="all-zero rows: scale 1, codes 0",
+             hint="An all-zero group has a largest magnitude of 0: which scale keeps the "
+                  "division away from 0 / 0 (no NaN back)?"),
         Case((_x(3, 16, 1) * 1e-4,), label="tiny values: the scale shrinks with them"),
         Case((planted,), label="a planted outlier column sets every row's scale"),
         Case((_x(4, 1, 2),), label="one feature per row: every code is +-127"),
         Case((torch.tensor([[127.0, 0.5, 1.5, 2.5, -0.5, -2.5, 3.5]]),),
-             label="exact ties (scale 1): round half to even, 0.5 -> 0, 2.5 -> 2, 3.5 -> 4"),
+             label="exact ties (scale 1): round half to even, 0.5 -> 0, 2.5 -> 2, 3.5 -> 4",
+             hint="Exactly half-way between two codes: which way does the task round? Half to even "
+                  "(np.round, torch.round, Python's round); floor(x + 0.5) and rounding away from "
+                  "zero do not."),
         Case((_x(5, 12, 7).double(),), label="float64 input: the scale is still float32"),
         Case((_x(6, 32, 9).bfloat16(),), label="bfloat16 activations: computed in float32 "
              "(a bfloat16 max / 127 rounds to 8 bits)",
@@ -125,7 +130,9 @@ def _cols_cases():
         Case((x, 6.0), label="planted outliers, one negative, one exactly 6.0"),
         Case((x, 10.0), label="a higher threshold keeps only |-12|"),
         Case((_x(16, 32, 6), 6.0), label="nothing crosses: an empty index tensor"),
-        Case((row_outlier, 6.0), label="one token crossing everywhere: every column"),
+        Case((row_outlier, 6.0), label="one token crossing everywhere: every column",
+             hint="A column is an outlier if ANY token crosses there: which dimension of x do you "
+                  "reduce over?"),
         Case((x, 0.0), label="threshold 0: raise ValueError", raises=ValueError),
         Case((x, -6.0), label="a negative threshold: raise ValueError", raises=ValueError),
         Case((x, float("nan")), label="a NaN threshold: raise ValueError", raises=ValueError),
@@ -206,15 +213,28 @@ def _mixed_cases():
     w_q8, ws8 = llm_int8.quantize_rows(_x(5, 10, 12))
     nan_x = refused.args[0].clone()
     nan_x[1, 2] = float("nan")
+    quiet_w = _x(6, 24, 13)
+    quiet_w[:, 7] = 0.01                                   # the outlier feature's weights: tiny
+    quiet_q, quiet_s = llm_int8.quantize_rows(quiet_w / 24 ** 0.5)
+    loud_x = _x(8, 24, 14)
+    loud_x[:, 7] = 400.0                                   # a huge outlier feature
     return [
         _mixed_case(8, 12, 32, 0, (), "no outliers: plain vector-wise INT8"),
         _mixed_case(8, 12, 32, 1, (3,), "one planted outlier feature"),
         _mixed_case(9, 7, 40, 2, (0, 17, 39), "three planted outlier features, at the edges too"),
         _mixed_case(5, 6, 24, 3, (4,), "a lower threshold sends more columns to 16-bit",
                     threshold=1.5),
-        Case((all_out, w_q, ws, 6.0), label="every column crosses: all 16-bit"),
+        Case((all_out, w_q, ws, 6.0), label="every column crosses: all 16-bit",
+             hint="If every column is an outlier, what is left for the INT8 side, and does your "
+                  "code work with no column there?"),
+        Case((loud_x, quiet_q, quiet_s, 6.0),
+             label="an outlier feature of 400 whose weights are small: the INT8 scales must "
+                   "leave it out",
+             hint="Over which columns are the per-token INT8 scales taken: all of x, or only "
+                  "the columns that go through INT8?"),
         Case(refused.args[:3] + (0.0,), label="threshold 0: raise ValueError", raises=ValueError),
-        Case((zero_row, w_q8, ws8, 6.0), label="a token that is all zeros (and an outlier column)"),
+        Case((zero_row, w_q8, ws8, 6.0), label="a token that is all zeros (and an outlier column)",
+             hint="An all-zero token's INT8 scale: 1, not 0 (0 / 0 is NaN)."),
         Case((refused.args[0].double(),) + refused.args[1:3] + (6.0,),
              label="float64 x: the result is float32"),
         Case((nan_x,) + refused.args[1:3] + (6.0,), label="a NaN in x: raise ValueError",
@@ -267,6 +287,27 @@ def _wrong_mixed_input_dtype(x, w_q, w_scale, threshold=6.0):  # result in x's d
     return llm_int8.mixed_int8_matmul(x, w_q, w_scale, threshold).to(x.dtype)
 
 
+def _mixed_16bit(dtype):
+    """The task read with a 16-bit product in ``dtype`` (float16 or bfloat16): right too."""
+    def mixed(x, w_q, w_scale, threshold=6.0):
+        y = llm_int8.mixed_int8_matmul(x, w_q, w_scale, threshold, outliers="zero")
+        cols = llm_int8.outlier_columns(x, threshold)
+        w_hat = w_q[:, cols].float() * w_scale[:, None]
+        return y + (x[:, cols].to(dtype) @ w_hat.to(dtype).T).float()
+    mixed.__name__ = f"mixed_with_a_{dtype}_product".replace("torch.", "")
+    return mixed
+
+
+def _slack_16bit(x, w_q, w_scale, threshold=6.0):
+    """What a 16-bit outlier product may add to the error, per output: each of x's and W's
+    values rounded to bfloat16 (8 bits: relative error 2^-9), n products summed, the result
+    rounded, bounded by (n + 3) * 2^-8 * (|x_O| @ |W_O|.T) (twice the bound, for margin).
+    0 where no column crosses: the INT8 side is checked as tightly as before."""
+    cols = llm_int8.outlier_columns(x, threshold)
+    w_out = w_q[:, cols].float() * torch.as_tensor(w_scale).reshape(-1, 1).float()
+    return (len(cols) + 3) * 2.0 ** -8 * (x[:, cols].float().abs() @ w_out.abs().T)
+
+
 register(Exercise(
     id="05.mixed_int8_matmul",
     title="LLM.int8()'s mixed-precision decomposition",
@@ -278,10 +319,12 @@ register(Exercise(
           "cols = outlier_columns(x, threshold); keep = the other columns. INT8 side: "
           "quantize_rows(x[:, keep]) -> (xq, xs); acc = xq @ w_q[:, keep].T in integers; "
           "scale by xs[:, None] * w_scale[None, :].",
-          "16-bit side: x[:, cols] @ (w_q[:, cols].float() * w_scale[:, None]).T. Add the two; "
+          "16-bit side: x[:, cols] @ (w_q[:, cols].float() * w_scale[:, None]).T (in float32; "
+          "in float16 or bfloat16, as on a GPU, passes too). Add the two; "
           "return float32 (M, N) whatever x's dtype. If every column crosses, the INT8 side is "
           "all zeros; an all-zero token needs a scale of 1, not 0."],
     wrong=[_wrong_mixed_scale_all, _wrong_mixed_dropped, _wrong_mixed_twice,
            _wrong_mixed_raw_weight, _wrong_mixed_zero_row, _wrong_mixed_input_dtype],
-    rtol=1e-4, atol=1e-5,
+    right=[_mixed_16bit(torch.float16), _mixed_16bit(torch.bfloat16)],
+    rtol=1e-4, atol=1e-5, slack=_slack_16bit,
 ))

@@ -30,7 +30,9 @@ def _hessian_cases():
         Case((x,), label="50 tokens, 8 inputs of different sizes"),
         Case((x_dead,), label="an input that is always 0 (a dead input)"),
         Case((_x(1, 5, 1),), label="a single token"),
-        Case((_x(300, 16, 2),), label="300 tokens: H must not grow with the number of tokens"),
+        Case((_x(300, 16, 2),), label="300 tokens: H must not grow with the number of tokens",
+             hint="Is H a sum or a mean over the tokens? The task's H does not grow with their "
+                  "number."),
         Case((x.to(torch.bfloat16),), label="bfloat16 inputs: computed in float32, not in "
              "bfloat16 and converted after",
              hint="Converting the result is too late: in which dtype did the products and their "
@@ -124,7 +126,9 @@ def _dampen_cases():
              "that 1 counts in the mean",
              hint="Which diagonal is the mean taken over: H as it came, or H after the dead "
                   "inputs got their 1?"),
-        Case((H, 0.0), label="damp 0: only dead inputs change"),
+        Case((H, 0.0), label="damp 0: only dead inputs change",
+             hint="With damp 0, nothing is added: what still changes is the diagonal of inputs "
+                  "that never fired (H[j, j] = 0 becomes 1)."),
         Case((torch.zeros(3, 3), 0.01), label="every input dead: identity, then 1% of its mean "
              "diagonal (1) added",
              hint="Which diagonal is the mean taken over: H as it came, or H after the dead "
@@ -242,15 +246,23 @@ def _loop_cases():
         Case((torch.randn(4, 16, generator=g), _U(16, 1), 4, 8), label="4 x 16, INT4, groups of 8"),
         Case((torch.randn(8, 32, generator=g), _U(32, 2), 3, 16), label="8 x 32, INT3, groups of 16"),
         Case((torch.randn(6, 16, generator=g), torch.eye(16), 4, 16),
-             label="U = I: no compensation, so it must equal round-to-nearest"),
+             label="U = I: no compensation, so it must equal round-to-nearest",
+             hint="With U the identity, a column's error feeds no later column: does your loop "
+                  "reduce to round-to-nearest?"),
         Case((torch.randn(3, 24, generator=g) * 5, _U(24, 3), 2, 8), label="INT2, larger weights"),
         Case((torch.tensor([[7.0, 2.5, -0.5, 3.5, 1.5, -2.5, 0.5, 6.0]]), torch.eye(8), 4, 8),
-             label="U = I, scale 1: exact .5 ties round half to even (2.5 -> 2, 3.5 -> 4)"),
-        Case((W_zero, _U(16, 5), 4, 8), label="an all-zero row: scale 1, codes 0"),
+             label="U = I, scale 1: exact .5 ties round half to even (2.5 -> 2, 3.5 -> 4)",
+             hint="Exactly half-way between two codes: which way does the task round? Half to even "
+                  "(np.round, torch.round, Python's round); floor(x + 0.5) and rounding away from "
+                  "zero do not."),
+        Case((W_zero, _U(16, 5), 4, 8), label="an all-zero row: scale 1, codes 0",
+             hint="An all-zero group has a largest magnitude of 0: which scale keeps the "
+                  "division away from 0 / 0 (no NaN back)?"),
         Case((torch.randn(4, 16, generator=torch.Generator().manual_seed(9)),
               _U_correlated(16, 9), 4, 16),
              label="strongly correlated inputs: the corrections push a later column past 7 "
-                   "steps, and the codes must stay in -7..7"),
+                   "steps, and the codes must stay in -7..7",
+             hint="After the corrections, is each code still clamped to -qmax..qmax?"),
         Case((torch.randn(2, 16, generator=g), _U(16, 4), 4, 6),
              label="group size 6 does not divide 16: raise ValueError", raises=ValueError),
     ]

@@ -24,7 +24,8 @@ def _scales_cases():
         Case((mag, 0.3), label="16 channels, alpha 0.3"),
         Case((mag, 0.9), label="alpha 0.9"),
         Case((torch.tensor([0.0, 2.0, 4.0]), 0.5),
-             label="a channel with mean |x| = 0 (clamp it to 1e-4 first)"),
+             label="a channel with mean |x| = 0 (clamp it to 1e-4 first)",
+             hint="A channel whose mean |x| is 0: clamp it before raising it to alpha."),
         Case((mag.double(), 1.0), label="float64 magnitudes, alpha 1 (the grid's far end)"),
         Case((mag, 1.5), label="alpha outside [0, 1]: raise ValueError", raises=ValueError),
         Case((mag, float("nan")), label="alpha NaN: not in [0, 1], raise ValueError",
@@ -265,7 +266,9 @@ def _ba_cases():
         Case(([torch.randn(16, 64, generator=g)], x_spike, _Linear(x_spike)),
              label="one channel spikes on a single token (a large max |x|, a small mean |x|)"),
         Case(([torch.randn(8, 32, generator=g)], x_flat, _Linear(x_flat), 3, 32, 5),
-             label="every channel equally busy: every alpha ties, return the first (0.0)"),
+             label="every channel equally busy: every alpha ties, return the first (0.0)",
+             hint="When every alpha gives the same error, which one does the task return? The "
+                  "first: a strict < keeps it."),
         Case(_end_case() + (3, 32, 10),
              label="one channel 400x the rest, its weights tiny: the best alpha is the grid's "
                    "last, 0.9"),
@@ -343,5 +346,5 @@ register(Exercise(
           "s[None, :] for every W; return float(best_alpha)"],
     wrong=[_wrong_ba_inverse, _wrong_ba_weight_error, _wrong_ba_per_layer, _wrong_ba_max,
            _wrong_ba_inclusive, _wrong_ba_ties_last],
-    rtol=0, atol=1e-9,
+    rtol=0, atol=1e-9, float_results=True,       # the task: "as a Python float"
 ))

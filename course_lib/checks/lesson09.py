@@ -245,7 +245,9 @@ def _unpack_cases():
              label="codes 0..7 then 8..15 in order: nibble j holds element j"),
         Case((torch.zeros(2, 0, dtype=torch.int32), True), label="no words: an empty (2, 0) result"),
         Case((torch.tensor([-1, 2 ** 31 - 1, -2 ** 31], dtype=torch.int32), True),
-             label="words with the sign bit set: an arithmetic shift must not leak into nibble 7"),
+             label="words with the sign bit set: an arithmetic shift must not leak into nibble 7",
+             hint="On int32 words, >> keeps the sign bit: is each nibble masked with & 0xF after "
+                  "the shift?"),
         Case((torch.arange(8, dtype=torch.uint8), True), label="uint8 bytes, not int32 words",
              raises=TypeError),
         Case((torch.arange(8, dtype=torch.int64), True), label="int64, not int32 words",

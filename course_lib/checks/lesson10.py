@@ -22,7 +22,9 @@ def _floor_cases():
         Case((4096, 28672, 8192), dict(H100), label="prefill 4096 tokens: compute-bound"),
         Case((300, 4096, 4096, 8, 4096), dict(A100), label="A100, INT8 per channel, M=300"),
         Case((64, 1024, 4096), {"bandwidth_gbps": 25.0, "peak_tflops": None},
-             label="a CPU: no compute peak, bandwidth only"),
+             label="a CPU: no compute peak, bandwidth only",
+             hint="peak_tflops=None means no compute roof: the floor is the time of the bytes "
+                  "alone."),
         Case((1, 4096, 4096), {"bandwidth_gbps": 0.0, "peak_tflops": 989.0},
              label="zero bandwidth", raises=ValueError),
         Case((1, 4096, 4096), {"bandwidth_gbps": float("nan"), "peak_tflops": 989.0},
@@ -114,11 +116,15 @@ def _speedup_cases():
         Case((16, 4096, 4096, 8, 4096), {"bandwidth_gbps": 2039.0, "base_tflops": 312.0},
              label="W8A16 batch 16 on an A100"),
         Case((256, 4096, 4096, 4, 32), label="W4A16 g32, batch 256: near the ridge"),
-        Case((1, 4096, 4096, 4, 128), {"bandwidth_gbps": -1.0}, label="negative bandwidth",
+        Case((1, 4096, 4096, 4, 128), {"bandwidth_gbps": -1.0},
+             label="a negative bandwidth: raise ValueError (as layer_floor_ms does)",
              raises=ValueError),
         Case((4096, 8192, 8192, 8, 8192), {"fmt_tflops": 0.0}, label="a format rate of 0 is not "
-             "'the BF16 rate' (None)", raises=ValueError),
-        Case((1, 4096, 4096, 4, 128), {"base_tflops": float("nan")}, label="NaN BF16 rate",
+             "'the BF16 rate' (None): raise ValueError", raises=ValueError,
+             hint="None means 'the BF16 rate'; 0 is a rate, and not a positive one. Does "
+                  "`fmt_tflops or base_tflops` tell them apart?"),
+        Case((1, 4096, 4096, 4, 128), {"base_tflops": float("nan")},
+             label="a NaN BF16 rate: raise ValueError (as layer_floor_ms does)",
              raises=ValueError),
     ]
 
@@ -216,12 +222,15 @@ def _gain_cases():
         Case((_planted_gpu_result(), "w8a16", (8192, 28672)), label="planted GPU run, W8A16"),
         Case((_planted_gpu_result(), "w4a16 g128", (4096, 4096)), label="the other layer: one batch"),
         Case((cpu, cpu_fmt, (cpu_row["K"], cpu_row["N"])),
-             label="the committed CPU run: its baseline is fp32, not bf16"),
+             label="the committed CPU run: its baseline is fp32, not bf16",
+             hint="Against which baseline is each row's ratio? row['baseline'] names it (fp32 on a "
+                  "CPU)."),
         Case((_planted_gpu_result(), "fp8 w8a8", (8192, 28672)), label="a format not measured",
              raises=ValueError),
         Case((_planted_gpu_result(), "w8a16", (1024, 4096)), label="a layer not measured",
              raises=ValueError),
-        Case((_shuffled(), "w4a16 g128", (8192, 28672)), label="rows stored out of batch order"),
+        Case((_shuffled(), "w4a16 g128", (8192, 28672)), label="rows stored out of batch order",
+             hint="The batches in increasing order, whatever the rows' order in the file."),
         Case((_with_time(16, "w4a16 g128", 0.0), "w4a16 g128", (8192, 28672)),
              label="a time of 0 ms (a failed measurement)", raises=ValueError),
         Case((_with_time(4, "bf16", float("nan")), "w4a16 g128", (8192, 28672)),

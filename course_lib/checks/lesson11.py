@@ -44,7 +44,9 @@ def _keys_cases():
     return [
         Case((ties, 2, 4), label="codes exactly halfway (0.5, 1.5, 2.5): round half to even"),
         Case((_keys(32, 8, 7).half(), 2, 32), label="fp16 keys: the result in float32"),
-        Case((torch.zeros(32, 4), 2, 32), label="all-zero keys: zeros back, no NaN"),
+        Case((torch.zeros(32, 4), 2, 32), label="all-zero keys: zeros back, no NaN",
+             hint="An all-zero group has a largest magnitude of 0: which scale keeps the "
+                  "division away from 0 / 0 (no NaN back)?"),
         Case((nan, 2, 32), label="a NaN key: raise ValueError", raises=ValueError),
         Case((_keys(32, 4, 8), 0, 32), label="0 bits: raise ValueError", raises=ValueError),
         Case((_keys(32, 4, 8), True, 32), label="bits=True (a bool, not a number of bits): "
@@ -57,7 +59,9 @@ def _keys_cases():
         Case((_keys(48, 8, 2), 4, 16), label="minima that are not fp16 numbers: the scale "
              "comes from the stored (rounded) lo", hint=STORED_LO),
         Case((_keys(64, 16, 0), 2, 32), label="2 bits, float32 keys", hint=STORED_LO),
-        Case((const, 2, 32), label="a constant channel: scale 0 must not divide by zero"),
+        Case((const, 2, 32), label="a constant channel: scale 0 must not divide by zero",
+             hint="A constant channel's range is 0: what scale does it get, so that nothing "
+                  "divides by 0?"),
         Case((_keys(8, 4, 4) * 1e-3, 2, 8), label="tiny values", hint=STORED_LO),
         Case((_keys(40, 8, 5), 2, 32), label="40 tokens, groups of 32: raise ValueError",
              raises=ValueError),
@@ -297,8 +301,11 @@ def _conv_cases():
         Case((80, 0.9, 75.0, kv70, 8000), label="weights over the usable 72 GB: 0, not negative",
              hint=RESERVE),
         Case((24, 0.5, 1.0, 23040, 8192), label="a 24 GB card at 50%", hint=RESERVE),
-        Case((10, 1.0, 0.0, 1e6, 1000), label="exactly 10 conversations' worth: 10, not 9"),
-        Case((10, 1.0, 0.0, 1e6, 4000), label="2.5 conversations' worth: 2 (whole ones only)"),
+        Case((10, 1.0, 0.0, 1e6, 1000), label="exactly 10 conversations' worth: 10, not 9",
+             hint="Only whole conversations count, rounded down: does your arithmetic give exactly "
+                  "10 here, or 9.99999 that floors to 9?"),
+        Case((10, 1.0, 0.0, 1e6, 4000), label="2.5 conversations' worth: 2 (whole ones only)",
+             hint="Only whole conversations count: round down."),
         Case((80, 0.9, 10.0, 0, 8000), label="0 bytes per token: raise ValueError",
              raises=ValueError),
         Case((80, 90, 10.0, 327680, 8000),
@@ -448,17 +455,29 @@ def _step_cases():
     return [
         Case((*_fresh(4, 8), *_block(4, 5, 8, 1)), label="the first block (m = -inf, l = 0)"),
         Case((*_state(4, 8, 2), *_block(4, 5, 8, 4, scale=3.0)),
-             label="a block whose scores beat the running maximum: rescale l AND acc"),
+             label="a block whose scores beat the running maximum: rescale l AND acc",
+             hint="When the maximum moves, l and acc were both taken against the old one: are both "
+                  "rescaled?"),
         Case((m_b, l_b, acc_b, s_low, v_b), label="a block entirely below the running maximum"),
         Case((*_state(3, 8, 5), s_mask, v_mask), label="masked columns (-inf) contribute nothing"),
-        Case((*_state(2, 8, 6), s_dead, v_dead), label="an all -inf block leaves the state as it was"),
+        Case((*_state(2, 8, 6), s_dead, v_dead),
+             label="an all -inf block leaves the state as it was",
+             hint="-inf - -inf is NaN: while the maximum is still -inf (nothing seen), subtract 0 "
+                  "instead."),
         Case((*_fresh(2, 8), s_dead, v_dead),
-             label="an all -inf first block: no NaN, the state stays empty"),
-        Case((*_fresh(2, 8), s_hi, v_hi), label="scores near 1000: subtract the maximum first"),
+             label="an all -inf first block: no NaN, the state stays empty",
+             hint="-inf - -inf is NaN: while the maximum is still -inf (nothing seen), subtract 0 "
+                  "instead."),
+        Case((*_fresh(2, 8), s_hi, v_hi), label="scores near 1000: subtract the maximum first",
+             hint="exp(1000) overflows float32: subtract the largest maximum before "
+                  "exponentiating."),
         Case((*_fresh(1, 4), torch.tensor([[0.5]]), torch.tensor([[1.0, -2.0, 3.0, 0.0]])),
              label="one head, one token"),
         Case(tuple(x.to(torch.bfloat16) for x in (*_state(2, 8, 7), *_block(2, 3, 8, 8))),
-             label="bfloat16 inputs: the state comes back in float32"),
+             label="bfloat16 inputs: computed in float32, the state comes back in float32",
+             hint="In which dtype did the exponentials and sums happen? The task computes in "
+                  "float32: convert the inputs first; casting a bfloat16 result at the end is "
+                  "too late."),
         Case((*_fresh(2, 8), *_block(2, 5, 6, 9)), label="v of width 6 for acc of width 8: "
              "raise ValueError", raises=ValueError),
         Case((*_fresh(2, 8), torch.full((2, 3), float("nan")), torch.zeros(3, 8)),
@@ -509,6 +528,16 @@ def _wrong_step_block_softmax(m, l, acc, s, v):          # normalizes each block
     return m_new, l * alpha + p.sum(-1), acc * alpha[:, None] + p @ v
 
 
+def _wrong_step_cast_after(m, l, acc, s, v):            # computed in bf16, returned float32
+    if s.shape[1] == 0 or v.shape[1] != acc.shape[1] or torch.isnan(s).any():
+        raise ValueError("bad block")
+    m_new = torch.maximum(m, s.amax(-1))
+    safe = torch.where(m_new == _INF, torch.zeros_like(m_new), m_new)
+    alpha, p = torch.exp(m - safe), torch.exp(s - safe[:, None])
+    return (m_new.float(), (l * alpha + p.sum(-1)).float(),
+            (acc * alpha[:, None] + p @ v).float())
+
+
 def _wrong_step_in_place(m, l, acc, s, v):               # updates the caller's state in place
     m2, l2, acc2 = kv.online_softmax_step(m, l, acc, s, v)
     m.copy_(m2), l.copy_(l2), acc.copy_(acc2)
@@ -526,10 +555,11 @@ register(Exercise(
           "score -inf), even on the very first block?",
           "m_new = max(m, s.amax(-1)); alpha = exp(m - m_new); p = exp(s - m_new[:, None]). "
           "Guard m_new = -inf (subtract 0 instead) so that -inf - -inf never makes a NaN.",
-          "Return (m_new, l * alpha + p.sum(-1), acc * alpha[:, None] + p @ v), all float32, "
-          "new tensors; ValueError for an empty block, NaN scores or widths that do not match."],
+          "Convert the inputs to float32 first, then return (m_new, l * alpha + p.sum(-1), "
+          "acc * alpha[:, None] + p @ v), new tensors; ValueError for an empty block, NaN "
+          "scores or widths that do not match."],
     wrong=[_wrong_step_no_acc_rescale, _wrong_step_no_max, _wrong_step_nan_on_empty,
-           _wrong_step_input_dtype, _wrong_step_block_softmax],
+           _wrong_step_input_dtype, _wrong_step_block_softmax, _wrong_step_cast_after],
     rtol=1e-5, atol=1e-6,
 ))
 
@@ -550,10 +580,16 @@ def _combine_cases():
     return [
         Case(_slices(1, 4, 8, 20), label="one slice: acc / l"),
         Case(_slices(3, 4, 8, 21), label="three slices of one context"),
-        Case(_slices(3, 2, 8, 22, empty=(1,)), label="a slice that saw no token (m = -inf, l = 0)"),
-        Case((far_m, far_l, far_acc), label="maxima 1000 apart: rescale against the largest"),
+        Case(_slices(3, 2, 8, 22, empty=(1,)), label="a slice that saw no token (m = -inf, l = 0)",
+             hint="A slice with m = -inf weighs exp(m - M) = 0: is it 0 in your code, not NaN?"),
+        Case((far_m, far_l, far_acc), label="maxima 1000 apart: rescale against the largest",
+             hint="exp(1000) overflows float32: subtract the largest maximum before "
+                  "exponentiating."),
         Case(tuple(x.to(torch.bfloat16) for x in _slices(2, 2, 8, 23)),
-             label="bfloat16 states: the output in float32"),
+             label="bfloat16 states: computed in float32, the output in float32",
+             hint="In which dtype were the slices rescaled and summed? The task computes in "
+                  "float32: convert the states first; casting a bfloat16 result at the end is "
+                  "too late."),
         Case((dead_m, dead_l, dead_acc), label="no slice saw a token: raise ValueError",
              raises=ValueError),
         Case((torch.zeros(2, 3), torch.ones(2, 4), torch.zeros(2, 3, 8)),
@@ -596,6 +632,16 @@ def _wrong_combine_nan_when_empty(ms, ls, accs):         # no check: 0 / 0 = NaN
     return (w[..., None] * accs).sum(0) / (w * ls).sum(0)[:, None]
 
 
+def _wrong_combine_cast_after(ms, ls, accs):             # computed in bf16, output float32
+    if ms.shape != ls.shape or accs.shape[:2] != ms.shape:
+        raise ValueError("shapes")
+    if (ms.amax(0) == _INF).any():
+        raise ValueError("empty")
+    M = ms.amax(0)
+    w = torch.where(ms == _INF, torch.zeros_like(ms), torch.exp(ms - M))
+    return ((w[..., None] * accs).sum(0) / (w * ls).sum(0)[:, None]).float()
+
+
 def _wrong_combine_dtype(ms, ls, accs):                  # output in the states' dtype
     return kv.combine_splits(ms, ls, accs).to(ms.dtype)
 
@@ -609,9 +655,10 @@ register(Exercise(
           "common maximum can they be added, and what weight does a slice that saw no token get?",
           "M = ms.amax(0); w = exp(ms - M), and 0 where ms is -inf; a head whose M is -inf saw "
           "nothing at all: raise ValueError.",
-          "Return (w[..., None] * accs).sum(0) / (w * ls).sum(0)[:, None] in float32; ValueError "
-          "when the shapes are not (P, R), (P, R), (P, R, hd)."],
+          "Convert the states to float32 first, then return (w[..., None] * accs).sum(0) / "
+          "(w * ls).sum(0)[:, None]; ValueError when the shapes are not (P, R), (P, R), "
+          "(P, R, hd)."],
     wrong=[_wrong_combine_mean, _wrong_combine_no_max, _wrong_combine_ignore_m,
-           _wrong_combine_nan_when_empty, _wrong_combine_dtype],
+           _wrong_combine_nan_when_empty, _wrong_combine_dtype, _wrong_combine_cast_after],
     rtol=1e-5, atol=1e-6,
 ))

@@ -1,6 +1,7 @@
 """Exercises of lesson 12, "Validate and choose" (solutions/12_validate_and_choose.ipynb)."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from course_lib import guide
@@ -24,9 +25,14 @@ def _div_cases():
     return [
         Case((_t([5, 6, 7, 8]), _t([5, 6, 9, 8])), label="one token differs in the middle"),
         Case((_t([1, 2, 3]), _t([4, 2, 3])), label="the very first token differs: 0"),
-        Case((_t([3, 1, 4, 1, 5]), _t([3, 1, 4, 1, 5])), label="identical: they never part"),
-        Case((_t([9, 9]), _t([9, 9, 9, 2])), label="the reference is a prefix of the other"),
-        Case((_t([7, 8, 9, 10]), _t([7, 8])), label="the variant stopped early (a stop token)"),
+        Case((_t([3, 1, 4, 1, 5]), _t([3, 1, 4, 1, 5])), label="identical: they never part",
+             hint="What does the task return when the two never part?"),
+        Case((_t([9, 9]), _t([9, 9, 9, 2])), label="the reference is a prefix of the other",
+             hint="When one generation is a prefix of the other, where do they part: at the "
+                  "shorter one's end?"),
+        Case((_t([7, 8, 9, 10]), _t([7, 8])), label="the variant stopped early (a stop token)",
+             hint="When one generation is a prefix of the other, where do they part: at the "
+                  "shorter one's end?"),
         Case((long_ref, late), label="200 tokens, two differences: the first counts"),
         Case((_t([0, 1, 2]), _t([0, 1, 5])), label="token id 0 is a token like any other"),
         Case((_t([]), _t([1, 2])), label="an empty generation: 0"),
@@ -35,7 +41,8 @@ def _div_cases():
         Case((torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5])),
              label="float scores, not token ids: raise TypeError", raises=TypeError),
         Case((_t([4, 4, 4]), torch.tensor([4, 4, 5], dtype=torch.int32)),
-             label="int64 against int32 ids: the values count, not the dtype"),
+             label="int64 against int32 ids: the values count, not the dtype",
+             hint="Compare the token values, not the tensors' dtypes."),
     ]
 
 
@@ -146,8 +153,15 @@ def _scheme_cases():
         (("decode", "H100", 4294967296.0, 1, 16384),
          "a tie: the BF16 cache is exactly a quarter of the BF16 weights (FP8 cache)"),
         (("decode", "H100", 4294967296.0, 1, 16383), "one token below the tie: BF16 cache"),
+        (("decode", "H100", 8.03e9, np.int64(64), np.int64(4096)),
+         "batch and context as NumPy integers (np.int64): whole numbers too"),
     ]:
         c.append(Case(args, label=why))
+    c[-3].hint = ("'At least a quarter': is a cache of exactly a quarter of the weights FP8? "
+                  ">=, not >.")
+    c[-1].hint = ("np.int64(64) is a whole number: isinstance(v, int) is False for it, "
+                  "isinstance(v, (int, np.integer)) is True (and leaves bool out if you "
+                  "test bool first).")
     for args, why in [(("speed", "H100", 8e9), "an unknown limit"),
                       (("decode", "H100", 0), "0 parameters"),
                       (("decode", "H100", -8e9), "negative parameters"),
@@ -162,11 +176,22 @@ def _native(gpu, fmt):
     return hw.get_gpu(gpu).native_tflops(fmt) is not None
 
 
+def _whole(v):
+    """A NumPy integer as the int it is (the task's whole numbers include np.int64)."""
+    return int(v) if isinstance(v, np.integer) else v
+
+
+def choose_scheme_reference(limit, gpu, params, batch=1, context=4096):
+    """``guide.choose_scheme``, with NumPy integers for batch and context taken as the whole
+    numbers they are."""
+    return guide.choose_scheme(limit, gpu, params, _whole(batch), _whole(context))
+
+
 def _check(limit, params, batch=1, context=4096):
     if limit not in guide.LIMITS or not params > 0:
         raise ValueError("bad input")
     for v in (batch, context):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError("bad input")
 
 
@@ -244,10 +269,18 @@ def _wrong_scheme_no_input_checks(limit, gpu, params, batch=1, context=4096):
     return guide.choose_scheme(limit, gpu, params, max(int(batch), 1), max(int(context), 1))
 
 
+def _wrong_scheme_python_int_only(limit, gpu, params, batch=1, context=4096):
+    """Refuses np.int64: `isinstance(v, int)` calls a NumPy integer "not a whole number"."""
+    for v in (batch, context):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError("batch and context must be whole numbers >= 1")
+    return choose_scheme_reference(limit, gpu, params, batch, context)
+
+
 register(Exercise(
     id="12.choose_scheme",
     title="the decision rule: what limits you, GPU, model size, users, context -> scheme",
-    reference=guide.choose_scheme,
+    reference=choose_scheme_reference,
     cases=_scheme_cases,
     hint=["Settle the cache first: how big is the batch's BF16 cache next to the model's BF16 "
           "weights, and does the limit allow any loss? Then ask, for each limit, whether the "
@@ -263,7 +296,7 @@ register(Exercise(
     wrong=[_wrong_scheme_hopper_only, _wrong_scheme_no_kv_room, _wrong_scheme_no_workspace,
            _wrong_scheme_decode_bytes, _wrong_scheme_decode_w8a16, _wrong_scheme_kv_always,
            _wrong_scheme_kv_for_accuracy, _wrong_scheme_kv_strict, _wrong_scheme_kv_per_user,
-           _wrong_scheme_no_input_checks],
+           _wrong_scheme_no_input_checks, _wrong_scheme_python_int_only],
 ))
 
 
@@ -312,8 +345,10 @@ register(Exercise(
     cases=_quiz_cases,
     hint=["For each claim, which number from this course settles it: a speed ratio from the "
           "GPU benchmark, a compute capability, bits per weight with scales, or a memory sum?",
-          "Sections 3 (the summary), 4 (the hardware table) and 5 (the decision rule) of "
-          "the lesson hold the evidence; `show_question(q)` prints a question and its options.",
+          "Section 6 of the lesson (Common mistakes) points each claim to its evidence: "
+          "sections 1 (the validation ladder), 2 (the measured summary) and 3 (the hardware "
+          "table), and lessons 00, 03 and 04; `show_question(q)` prints a question and its "
+          "options.",
           "Return the letter of the option the evidence supports, e.g. {'q1': ..., ...}[question]; "
           "an unknown question raises KeyError."],
     wrong=[_wrong_quiz_bytes, _wrong_quiz_four_bits, _wrong_quiz_fits, _wrong_quiz_fp4,

@@ -28,13 +28,21 @@ def _pack_cases():
     return [
         Case((torch.randn(32, generator=g),), label="a random block"),
         Case((torch.randn(32, generator=g) * 0.02,), label="small weights, as in a real layer"),
-        Case((tie_pos,), label="+2 and -2: the first of the largest magnitudes sets the sign"),
-        Case((tie_neg,), label="-2 first: d changes sign"),
-        Case((torch.zeros(32),), label="all zeros: d = 0, every code 8"),
-        Case((halves,), label="values on the rounding boundaries"),
+        Case((tie_pos,), label="+2 and -2: the first of the largest magnitudes sets the sign",
+             hint=_TIE),
+        Case((tie_neg,), label="-2 first: d changes sign", hint=_TIE),
+        Case((torch.zeros(32),), label="all zeros: d = 0, every code 8",
+             hint="What is 1 / d when d is 0? The task takes the reciprocal as 0 then, so "
+                  "every code is trunc(0 + 8.5) = 8."),
+        Case((halves,), label="values on the rounding boundaries",
+             hint="Which way does C's cast of a float to an integer round? trunc(x / d + 8.5), "
+                  "not round(x / d) + 8."),
         Case((_blk([0.1 * i for i in range(32)]),), label="the largest weight is the last one"),
-        Case((torch.full((32,), -3.0),), label="a constant block"),
-        Case((torch.randn(32, generator=g).double(),), label="float64 input: same bytes"),
+        Case((torch.full((32,), -3.0),), label="a constant block",
+             hint="Every weight is the largest here: x / d = 8 for all of them. What is "
+                  "trunc(16.5), and which code is the largest a nibble holds?"),
+        Case((torch.randn(32, generator=g).double(),), label="float64 input: same bytes",
+             hint="The task computes in float32 whatever the input's dtype: convert first."),
         Case((_randn(13).half(),), label="float16 input: computed in float32, not float16",
              hint="In which dtype did x times the reciprocal happen? The task says float32."),
         Case((_randn(1).bfloat16(),), label="bfloat16 input: computed in float32",
@@ -57,6 +65,10 @@ def _pack_cases():
         Case((torch.full((32,), float("nan")),), label="NaN weights: raise ValueError",
              raises=ValueError),
     ]
+
+
+_TIE = ("Two weights share the largest magnitude with opposite signs: which one sets d? The "
+        "task: the first one, with its sign (torch.argmax of |x| returns the first).")
 
 
 def _randn(seed):
@@ -160,13 +172,20 @@ def _sizes(tied=True, extra=None):
 
 def _decode_cases():
     return [
-        Case((_sizes(True), 49152), label="tied embeddings: the table is the head, read whole"),
-        Case((_sizes(False), 49152), label="its own output head: one embedding row per token"),
+        Case((_sizes(True), 49152), label="tied embeddings: the table is the head, read whole",
+             hint="Without output.weight, the embedding is the head too: every row of it is "
+                  "read for each token. Is 'output_norm.weight' an output head?"),
+        Case((_sizes(False), 49152), label="its own output head: one embedding row per token",
+             hint="With its own output.weight, decoding only looks up one row of the embedding "
+                  "(bytes // n_vocab); the head itself is read whole."),
         Case(({"token_embd.weight": 1000, "output.weight": 500}, 10),
              label="a toy file with a head"),
         Case(({"token_embd.weight": 1000}, 10), label="a toy file with tied embeddings"),
         Case(({"blk.0.attn_q.weight": 0, "token_embd.weight": 8}, 4),
              label="an empty tensor counts 0"),
+        Case(({"token_embd.weight": 1005, "output.weight": 500}, 10),
+             label="1005 bytes over 10 rows: bytes // n_vocab rounds down (100)",
+             hint="The task's row is bytes // n_vocab: floor division, a whole number."),
         Case(({}, 10), label="no tensors: raise ValueError", raises=ValueError),
         Case((_sizes(True), 0), label="a vocabulary of 0: raise ValueError", raises=ValueError),
         Case(({"token_embd.weight": -5}, 4), label="negative bytes: raise ValueError",
@@ -235,11 +254,26 @@ def _choose_cases():
         Case((rows, 15.80, 0.01), label="1 %: only the 8-bit file fits"),
         Case((rows, 15.80, 0.05), label="5 %: Q4_1 fits, the 4-bit files do not"),
         Case((rows, 15.80, 0.10), label="10 %: GPTQ's Q4_0 fits, RTN's does not"),
-        Case((rows, 15.80, 0.20), label="20 %: both Q4_0 fit, same bytes: the lower perplexity"),
-        Case((edge, 10.0, 0.05), label="exactly on the budget: it fits"),
-        Case((rows, 15.80, 0.0), label="no loss allowed: only files at or below the reference"),
+        Case((rows, 15.80, 0.20), label="20 %: both Q4_0 fit, same bytes: the lower perplexity",
+             hint="Two files fit with the same bytes: which one does the task ship?"),
+        Case((edge, 10.0, 0.05), label="exactly on the budget: it fits",
+             hint="'At most ref_perplexity * (1 + budget)': is a file exactly on the limit in?"),
+        Case((rows, 15.80, 0.0), label="no loss allowed: only files at or below the reference",
+             hint="A budget of 0 is allowed (0 <= budget < 1): the limit is the reference "
+                  "itself."),
         Case((list(reversed(rows)), 15.80, 0.20),
              label="RTN listed before GPTQ, same bytes: still the lower perplexity"),
+        Case(([{"file": "a rtn", "perplexity": 18.4, "bytes": 92},
+               {"file": "b gptq", "perplexity": 16.9, "bytes": 92}], 15.80, 0.20),
+             label="same bytes, the lower perplexity named later in the alphabet",
+             hint="On a tie in bytes, what decides: the name, the order, or the perplexity?"),
+        Case((rows, 15.80, 0), label="a budget of the int 0 (a fraction too): no loss allowed",
+             hint="0 is a fraction with 0 <= budget < 1, written as an int."),
+        Case(([{"file": "x", "perplexity": 1.4, "bytes": 10},
+               {"file": "y", "perplexity": 1.0, "bytes": 20}], 1.0, 0.5),
+             label="a reference of exactly 1 (a perfect model): allowed",
+             hint="The task refuses a reference that is not a finite number >= 1: is 1 "
+                  "itself allowed?"),
         Case((rows, 15.80, 5), label="5 meaning 5 %: raise ValueError (a fraction is asked)",
              raises=ValueError),
         Case((rows, 15.80, -0.1), label="a negative budget: raise ValueError", raises=ValueError),

@@ -47,9 +47,14 @@ def _ste_cases():
              label="INT4 absmax steps per row: nothing clipped, each row's largest weight "
                    "exactly on the range's edge"),
         Case((w, s * 0.5, 7, torch.randn(4, 8, generator=_g(1))),
-             label="steps halved: the largest weights fall outside the range (zero gradient)"),
+             label="steps halved: the largest weights fall outside the range (zero gradient)",
+             hint="Where w / scale is outside -qmax..qmax, the clamp is flat: what gradient "
+                  "reaches w there? And is the upstream gradient multiplied in?"),
         Case((edge, torch.tensor(1.0), 3, torch.arange(1.0, 9.0)),
-             label="INT3 on hand-picked values: ties round to even, +-3 is inside, 3.4 outside"),
+             label="INT3 on hand-picked values: ties round to even (-2.5 -> -2, 0.5 -> 0, "
+                   "1.5 -> 2), +-3 is inside, 3.4 outside",
+             hint="torch.round rounds half to even; and the range test is on w / scale "
+                  "itself, -qmax <= w / scale <= qmax, not on the rounded code."),
         Case((torch.randn(64, generator=_g(2)), torch.tensor(0.5), 1,
               torch.randn(64, generator=_g(3))), label="INT2 (qmax 1): three levels"),
         Case((torch.zeros(5), torch.tensor(0.1), 7, torch.ones(5)), label="all zero"),
@@ -128,7 +133,18 @@ def _lsq_cases():
               qat.lsq_grad_scale(32, 3)), label="INT3"),
         Case((torch.tensor([0.25, -0.25, 0.75, 1.0]), torch.tensor(0.5), 1,
               torch.tensor([1.0, 1.0, 1.0, 1.0]), 1.0),
-             label="hand-checkable INT2, grad_scale 1: ties at 0.5 round to even"),
+             label="hand-checkable INT2, grad_scale 1: two weights inside, two clipped above"),
+        Case((torch.tensor([0.5, 1.5, -0.5, 2.5]), torch.tensor(1.0), 3,
+              torch.tensor([1.0, 2.0, 3.0, 4.0]), 1.0),
+             label="INT3, every w / s a tie (0.5, 1.5, -0.5, 2.5): round half to even gives "
+                   "0, 2, 0, 2 (sum 0); half away from zero 1, 2, -1, 3 (sum 2)",
+             hint="Which way does a tie round? torch.round rounds half to even, as lesson 02; "
+                  "floor(v + 0.5) and rounding away from zero do not."),
+        Case((torch.tensor([3.0, -3.0, 1.2, 3.3]), torch.tensor(1.0), 3,
+              torch.tensor([1.0, 2.0, 1.0, 1.0]), 1.0),
+             label="w / s exactly +-qmax is inside the range (term 0), 3.3 is outside (+qmax)",
+             hint="Is w / s = qmax inside the range or clipped? The task: inside is "
+                  "-qmax <= w / s <= qmax."),
         Case((w, torch.tensor(0.3), 7, torch.ones(32), 1.0), label="grad_scale 1 (no scaling)"),
     ]
 
@@ -196,7 +212,7 @@ def after_one_step(step_fn):
     would, calls the step once on seeded windows and
     returns (the loss it returned, every trainable tensor after the step, the model's loss
     after the step)."""
-    def probe(seed, bits, distil, lr, init_scale=1.0):
+    def probe(seed, bits, distil, lr, init_scale=1.0, nan_teacher=False):
         torch.manual_seed(seed)
         float_model = _tiny(seed)
         with torch.no_grad():                    # larger weights: gradient norms above 1
@@ -209,14 +225,17 @@ def after_one_step(step_fn):
         x, y = qat.random_windows(corpus, 2, 16, _g(seed + 1))
         with torch.no_grad():
             teacher = float_model(x) if distil else None
+            if nan_teacher:
+                teacher[0, 3, 5] = float("nan")           # a non-finite loss: stop, say where
         _loss(model(x[:1]), y[:1], None).backward()       # a previous step's gradients in .grad
         loss = step_fn(model, opt, x, y, teacher, 0)
         params = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
         with torch.no_grad():
             logits = model(x)
             after = float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)))
-        return float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss), \
-            params, after
+        if isinstance(loss, torch.Tensor):               # compared as returned: a float is asked
+            loss = loss.detach()
+        return loss, params, after
     probe.__name__ = f"after_one_step({getattr(step_fn, '__name__', 'fn')})"
     return probe
 
@@ -228,7 +247,15 @@ def _step_cases():
         Case((2, 2, True, 1e-3), label="INT2, distilling the float model (teacher_logits given)"),
         Case((3, 4, True, 1e-3), label="INT4 with a teacher"),
         Case((4, 4, False, 1e-3, 10.0),
-             label="weights 10x larger: the gradient norm is about 3 and must be clipped to 1"),
+             label="weights 10x larger: the gradient norm is about 3 and must be clipped to 1",
+             hint="Is the gradient norm clipped to 1.0 over all the optimiser's parameters "
+                  "together, after backward and before opt.step()?"),
+        Case((5, 4, True, 1e-3, 1.0, True),
+             label="a NaN in the teacher's logits: the loss is NaN, qat.check_loss(loss, step) "
+                   "must stop the step (NonFiniteLoss) before any weight changes",
+             raises=qat.NonFiniteLoss,
+             hint="Which call stops on a non-finite loss? The task names "
+                  "qat.check_loss(loss, step): call it on the loss before backward."),
     ]
 
 
@@ -285,6 +312,24 @@ def _wrong_step_kl_reversed(model, opt, x, y, teacher_logits=None, step=0):
     return loss.item()
 
 
+def _wrong_step_no_check_loss(model, opt, x, y, teacher_logits=None, step=0):
+    # trains on whatever the loss is: a NaN loss makes every weight NaN, silently
+    loss = _loss(model(x), y, teacher_logits)
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 1.0)
+    opt.step()
+    with torch.no_grad():
+        for m in qat.qat_linears(model).values():
+            m.step.clamp_(min=1e-8)
+    return loss.item()
+
+
+def _wrong_step_tensor_loss(model, opt, x, y, teacher_logits=None, step=0):
+    # the right value, as a 0-d tensor (loss.detach()) where a Python float is asked
+    return torch.tensor(qat.qat_step(model, opt, x, y, teacher_logits, step))
+
+
 def _wrong_step_loss_after(model, opt, x, y, teacher_logits=None, step=0):
     qat.qat_step(model, opt, x, y, teacher_logits, step)     # returns the loss *after* the step
     with torch.no_grad():
@@ -309,6 +354,7 @@ register(Exercise(
           "positive: for m in qat.qat_linears(model).values(): m.step.data.clamp_(min=1e-8)"],
     wrong=[after_one_step(f) for f in (_wrong_step_no_zero_grad, _wrong_step_no_opt_step,
                                        _wrong_step_ignores_teacher, _wrong_step_no_clip,
-                                       _wrong_step_kl_reversed, _wrong_step_loss_after)],
-    rtol=1e-4, atol=1e-6,
+                                       _wrong_step_kl_reversed, _wrong_step_loss_after,
+                                       _wrong_step_no_check_loss, _wrong_step_tensor_loss)],
+    rtol=1e-4, atol=1e-6, float_results=True,
 ))
