@@ -583,6 +583,9 @@ class q8_activations:
 
 # ----------------------------------------------------------------------------- the full table
 RESULTS_FILE = Path(__file__).resolve().parent.parent / "results" / "engine_smollm2.json"
+#: SmolLM2's text protocol for lesson 13's table (course_lib.smollm.PROTOCOLS): calibration and
+#: evaluation text share no verbatim run (lesson 04).
+PROTOCOL = "clean"
 SPEED_FILE = Path(__file__).resolve().parent.parent / "results" / "engine_speed_limits.json"
 
 
@@ -659,7 +662,7 @@ def write_table(n_windows: int = 8, calib_windows: int = 16, runs: int = 5,
     ``new_tokens``) beside bandwidth / bytes. ``python -m course_lib.engine table``."""
     import json
     from course_lib import bandwidth, export, smollm
-    from course_lib import eval as ceval
+    from course_lib import protocol as cprotocol
     from course_lib.gguf_model import quantize_q8_0
     from course_lib.methods import awq, gptq
     from course_lib.methods import calibration as cal
@@ -671,8 +674,8 @@ def write_table(n_windows: int = 8, calib_windows: int = 16, runs: int = 5,
     bw = bandwidth.measure_copy_bandwidth("cpu")
     out_dir = Path(tempfile.mkdtemp(prefix="engine-table-"))
     model = _fp16_model()
-    ref = smollm.reference(model, n_windows)
-    ids_cal = cal.calibration_ids("smollm2", calib_windows, 512)
+    ref = smollm.reference(model, n_windows, protocol=PROTOCOL)
+    ids_cal = cal.calibration_ids("smollm2", calib_windows, 512, protocol=PROTOCOL)
     seconds = {}
     t0 = time.perf_counter()
     m_gptq, _ = gptq.gptq_model(model, ids_cal, 4, 32, grid="q4_0", act_order=True)
@@ -692,9 +695,9 @@ def write_table(n_windows: int = 8, calib_windows: int = 16, runs: int = 5,
     rows = []
     for name, f in files.items():
         r = {"file": name, "bytes": f.stat().st_size, "bytes_per_token": bytes_per_token(f)}
-        r.update({f"engine_{k}": v for k, v in score(f, smollm.eval_ids(), 512, n_windows, ref,
-                                                     threads).items()
-                  if k in ("perplexity", "kl_nats", "top1_agreement")})
+        e = score(f, smollm.eval_ids(PROTOCOL), 512, n_windows, ref, threads)
+        r.update({f"engine_{k}": e[k] for k in ("perplexity", "kl_nats", "top1_agreement")})
+        r["engine_windows"] = e["windows"]
         if name in models:
             m = models[name][0]
             if models[name][1] != "f16":
@@ -702,10 +705,12 @@ def write_table(n_windows: int = 8, calib_windows: int = 16, runs: int = 5,
                 m = copy.deepcopy(m)
                 emb = m.model.embed_tokens.weight
                 emb.data = quantize_q8_0(emb.data).dequantize()     # the file's Q8_0 embedding
-            c = ceval.compare(m, ref) if name != "F16" else {"perplexity": ref.perplexity,
-                                                             "kl_nats": 0.0,
-                                                             "top1_agreement": 1.0}
+            c = cprotocol.score(m, ref) if name != "F16" else {"perplexity": ref.perplexity,
+                                                                "kl_nats": 0.0,
+                                                                "top1_agreement": 1.0}
             r.update({f"course_{k}": c[k] for k in ("perplexity", "kl_nats", "top1_agreement")})
+            if "windows" in c:
+                r["course_windows"] = c["windows"]
         rows.append(r)
     from course_lib import smollm as sm
     prompt = sm.tokenizer().encode("The capital of France is")
@@ -725,9 +730,13 @@ def write_table(n_windows: int = 8, calib_windows: int = 16, runs: int = 5,
                       "predicted_tokens_per_s": pred, "measured_over_predicted": med / pred})
     out = {"engine": f"llama-cpp-python=={version()}", "cmake_args": CMAKE_ARGS,
            "build_seconds": build_seconds,
-           "protocol": {"n_windows": n_windows, "window_tokens": 512,
+           "protocol": {"name": PROTOCOL, "text": "course_lib.data.clean_split()[1]",
+                        "n_windows": n_windows, "window_tokens": 512,
+                        "spread": "per-window figures (engine_windows, course_windows); "
+                                  "course_lib.protocol.paired compares two files",
                         "reference": "course fp32 LlamaModel, weights rounded to fp16",
                         "calibration": {"windows": calib_windows, "tokens": 512,
+                                        "text": "course_lib.data.clean_split()[0]",
                                         "gptq": "act_order, grid q4_0", "awq": "grid q4_0"}},
            "machine": {**device.machine_record(),
                        "cpus": os.cpu_count(), "engine_threads": threads,

@@ -154,7 +154,8 @@ def summary_rows(results: dict, model: str = "smollm2") -> list[dict]:
     results files (lesson 12). Rows whose file is missing are left out.
 
     Each row: scheme, label, bits (per weight, or per cached value for KV rows), kl, top1,
-    ppl (SmolLM2 only), source (file name), and from the newest GPU benchmark decode_x
+    ppl (SmolLM2 only), source (file name), split (SmolLM2: the text protocol its file was
+    measured on, "clean" or "v1"), and from the newest GPU benchmark decode_x
     (batch-1 layer at :data:`DECODE_SHAPE`), prefill_x (:data:`PREFILL_SHAPE`) and e2e_x
     (end-to-end decode), each as a speed ratio over BF16; None where not measured.
     """
@@ -176,11 +177,16 @@ def summary_rows(results: dict, model: str = "smollm2") -> list[dict]:
         if r is None:
             continue
         kv_row = kind == "kv"
+        split = results[source].get("protocol") if model == "smollm2" else None
         rows.append({
             "scheme": scheme, "label": label, "bits": bits,
             "kl": r["kl"] if kv_row else r["kl_nats"],
             "top1": r["top1"] if kv_row else r["top1_agreement"],
             "ppl": r.get("ppl") if kv_row else r.get("perplexity"), "source": source,
+            # SmolLM2's text: "clean" (lesson 04's split) or "v1" (its first split, whose
+            # halves overlap: files not yet rerun say so); None for the bundled model
+            "split": (split.get("name", "v1") if isinstance(split, dict) else "v1")
+            if model == "smollm2" else None,
             "decode_x": bench_ratio(bench, bench_label, DECODE_SHAPE) if bench_label else None,
             "prefill_x": bench_ratio(bench, bench_label, PREFILL_SHAPE) if bench_label else None,
             "e2e_x": decode_ratio(bench, bench_label) if bench_label else None,
@@ -201,9 +207,12 @@ def format_summary(rows: list[dict]) -> str:
     """The summary as a plain-text table (lesson 12)."""
     def x(v):
         return "-" if v is None else f"{v:.2f}x"
+    split = any(r.get("split") for r in rows)
     table = [(r["label"], r["bits"], r["kl"], r["top1"], "-" if r["ppl"] is None else r["ppl"],
+              *((r.get("split") or "-",) if split else ()),
               x(r["decode_x"]), x(r["prefill_x"]), x(r["e2e_x"])) for r in rows]
     return hw.format_table(table, ["scheme", "bits", "KL (nats)", "top-1", "ppl",
+                                   *(("text",) if split else ()),
                                    "GPU decode b1", "GPU prefill", "GPU e2e decode"])
 
 

@@ -614,6 +614,11 @@ def blockwise_qat(model: nn.Module, ids: torch.Tensor, bits: int, group_size: in
 #: model's next-byte distributions (LLM-QAT's loss), scored on the held-out text against the
 #: float model; RTN and GPTQ (lesson 06's calibration) on the same grid. SmolLM2: block by
 #: block on calibration windows of the reference text, scored on the lesson 04 protocol.
+#: SmolLM2's text protocol (course_lib.smollm.PROTOCOLS). "v1" while results/qat_smollm2.json
+#: (and the slice lesson 15 recomputes) is the first split's; set it to "clean" and rerun
+#: ``python -m course_lib.qat_tables --model smollm2`` (it refuses until the methods table it
+#: copies rows from is on the same protocol).
+PROTOCOL = "v1"
 SETTINGS = {
     "bundled": {"group_size": 32, "bits": (4, 3, 2, "ternary"), "steps": 200, "batch": 8,
                 "ctx": 128, "lr": 1e-4, "scale_lr": None, "eval_windows": 32, "eval_window": 256,
@@ -691,11 +696,17 @@ def find(rows: list[dict], method: str, bits) -> dict:
     raise KeyError(f"no row {method} {label(bits)}")
 
 
-def _scores(model, ref) -> dict:
+def _scores(model, ref, spread: bool = False) -> dict:
+    """The four means of ``model`` on ``ref`` (rounded); ``spread`` (SmolLM2's table): also
+    each window's figures and bootstrap intervals (``course_lib.protocol.score``)."""
     from course_lib import eval as ceval
-    r = ceval.compare(model, ref)
-    return {k: round(float(r[k]), 6) for k in ("bits_per_byte", "perplexity", "kl_nats",
-                                                  "top1_agreement")}
+    from course_lib import protocol
+    r = protocol.score(model, ref) if spread else ceval.compare(model, ref)
+    out = {k: round(float(r[k]), 6) for k in ("bits_per_byte", "perplexity", "kl_nats",
+                                                 "top1_agreement")}
+    if spread:
+        out.update(windows=r["windows"], interval=r["interval"])
+    return out
 
 
 @torch.no_grad()
@@ -744,8 +755,9 @@ def smollm2_slice(model) -> dict:
     from course_lib import smollm
     st = SETTINGS["smollm2"]
     sl = st["slice"]
-    ids = cal.calibration_ids("smollm2", sl["calib_windows"], st["calib_window"])
-    ref = smollm.reference(model, sl["eval_windows"], st["eval_window"])
+    ids = cal.calibration_ids("smollm2", sl["calib_windows"], st["calib_window"],
+                              protocol=PROTOCOL)
+    ref = smollm.reference(model, sl["eval_windows"], st["eval_window"], protocol=PROTOCOL)
     log: list = []
     qm, secs = blockwise_qat(model, ids, sl["bits"], st["group_size"], steps=sl["steps"],
                              lr=st["lr"], scale_lr=st["scale_lr"], batch=st["batch"],

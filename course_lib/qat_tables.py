@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from course_lib import qat
 from course_lib.methods import calibration as cal
-from course_lib.qat import (SETTINGS, _scores, bits_per_weight, bundled_run,
+from course_lib.qat import (PROTOCOL, SETTINGS, _scores, bits_per_weight, bundled_run,
                             bundled_slice, label, results_path, smollm2_slice, ternary_rtn,
                             to_container)
 
@@ -43,7 +43,7 @@ def export_check(qmodel: nn.Module, model: nn.Module, n_windows: int = 2,
     from course_lib import engine, export, smollm
     from course_lib import eval as ceval
     from course_lib.gguf_model import quantize_q8_0
-    ref = smollm.reference(model, n_windows)
+    ref = smollm.reference(model, n_windows, protocol=PROTOCOL)
     boxed = to_container(qmodel, 4, 32, torch.float16)
     folder = Path(folder or tempfile.mkdtemp(prefix="qat-gguf-"))
     path = export.export_gguf(boxed, folder / "qat_q4_0.gguf", "q4_0", overwrite=True)
@@ -55,7 +55,7 @@ def export_check(qmodel: nn.Module, model: nn.Module, n_windows: int = 2,
            "course": {k: round(float(c[k]), 6) for k in ("perplexity", "kl_nats",
                                                           "top1_agreement")}}
     if engine.available():
-        e = engine.score(path, smollm.eval_ids(), 512, n_windows, ref)
+        e = engine.score(path, smollm.eval_ids(PROTOCOL), 512, n_windows, ref)
         out["engine"] = {k: round(float(e[k]), 6) for k in ("perplexity", "kl_nats",
                                                              "top1_agreement")}
     else:
@@ -141,11 +141,17 @@ def write_smollm2(path: Path | None = None, progress: bool = True) -> dict:
     st = SETTINGS["smollm2"]
     t0 = time.perf_counter()
     model = smollm.load()
-    ref = smollm.reference(model, st["eval_windows"], st["eval_window"])
-    ids = cal.calibration_ids("smollm2", st["calib_windows"], st["calib_window"])
+    ref = smollm.reference(model, st["eval_windows"], st["eval_window"], protocol=PROTOCOL)
+    ids = cal.calibration_ids("smollm2", st["calib_windows"], st["calib_window"],
+                              protocol=PROTOCOL)
     committed = table.load_table("smollm2")
+    if committed.get("protocol", {}).get("name") != PROTOCOL:
+        raise RuntimeError(f"results/methods_smollm2.json was not measured on the {PROTOCOL!r} "
+                           f"protocol: rerun python -m course_lib.methods.table --model smollm2 "
+                           f"first (this table copies its GPTQ and AWQ rows)")
     ptq_ids = cal.calibration_ids("smollm2", committed["calibration"]["windows"],
-                                  committed["calibration"]["tokens"])   # lesson 06's
+                                  committed["calibration"]["tokens"],
+                                  protocol=PROTOCOL)                    # lesson 06's
     gs = st["group_size"]
     out = {"model": "smollm2",
            "protocol": {k: v for k, v in st.items() if k != "slice"} | {
@@ -155,9 +161,13 @@ def write_smollm2(path: Path | None = None, progress: bool = True) -> dict:
                "learned": "a step per group of 32 (LSQ) and the block's weights",
                "grid": "symmetric group-wise INT, codes -qmax..qmax (lessons 02-03)",
                "quantized": "every Linear of the decoder blocks; embeddings and head kept",
-               "calibration": "calibration part of the reference text (never the evaluation "
-                              "text): calib_windows x calib_window tokens for QAT; GPTQ and "
-                              "AWQ use lesson 06's 16 x 512 (their committed rows)"},
+               "calibration": f"calibration text of the {PROTOCOL!r} protocol "
+                              "(course_lib.smollm.PROTOCOLS; never the evaluation text): "
+                              "calib_windows x calib_window tokens for QAT; GPTQ and AWQ use "
+                              "lesson 06's 16 x 512 (their committed rows)",
+               "name": PROTOCOL,
+               "spread": "per-window figures; 95% bootstrap intervals over windows "
+                         "(course_lib.protocol)"},
            "machine": {**device.machine_record(), "threads": torch.get_num_threads()},
            "baseline": {"bits_per_byte": round(ref.bits_per_byte, 6),
                         "perplexity": round(ref.perplexity, 4)},
@@ -165,8 +175,12 @@ def write_smollm2(path: Path | None = None, progress: bool = True) -> dict:
     path = path or results_path("smollm2")
     for bits in st["bits"]:
         base = {"bits": bits, "group_size": gs, "bits_per_weight": bits_per_weight(bits, gs)}
-        out["rows"].append({"method": "rtn", **base, **_scores(cal.rtn_model(model, bits, gs),
-                                                                ref)})
+        out["rows"].append({"method": "rtn", **base,
+                            **_scores(cal.rtn_model(model, bits, gs), ref, spread=True)})
+        out["rows"].append({"method": table.ASYM_METHOD, **base,        # lesson 04's trap
+                            "bits_per_weight": bits_per_weight(bits, gs) + bits / gs,
+                            **_scores(cal.rtn_model(model, bits, gs, symmetric=False), ref,
+                                      spread=True)})
         for method in ("gptq", "gptq+act", "awq"):
             if bits != 3 and method not in st["methods_2bit"]:
                 continue                            # not measured below 3 bits (time)
@@ -175,6 +189,7 @@ def write_smollm2(path: Path | None = None, progress: bool = True) -> dict:
                 out["rows"].append({"method": method, **base, "seconds": old["seconds"],
                                     **{k: round(old[k], 6) for k in ("bits_per_byte",
                                        "perplexity", "kl_nats", "top1_agreement")},
+                                    **{k: old[k] for k in ("windows", "interval") if k in old},
                                     "source": "results/methods_smollm2.json (measured on "
                                               f"{committed['machine'].get('cpu', '?')})"})
                 continue
@@ -186,12 +201,12 @@ def write_smollm2(path: Path | None = None, progress: bool = True) -> dict:
                 qm, secs = gptq.gptq_model(model, ptq_ids, bits, gs,
                                            act_order=method == "gptq+act", progress=progress)
             out["rows"].append({"method": method, **base, "seconds": round(secs, 1),
-                                **_scores(qm, ref)})
+                                **_scores(qm, ref, spread=True)})
             _write(path, out)
         log: list = []
         qm, secs = _smollm2_qat(model, ids, bits, progress, log)
         out["rows"].append({"method": "qat-blockwise", **base, "seconds": round(secs, 1),
-                            **_scores(qm, ref)})
+                            **_scores(qm, ref, spread=True)})
         out["block_losses"][label(bits)] = [[round(v, 6) for v in (b[0], b[-1])] for b in log]
         _write(path, out)
         out.setdefault("export_q4_0", {})[label(bits)] = export_check(qm, model,
@@ -216,8 +231,9 @@ def rerun_exports(path: Path | None = None, progress: bool = True) -> dict:
     path = path or results_path("smollm2")
     out = json.loads(path.read_text())
     model = smollm.load()
-    ref = smollm.reference(model, st["eval_windows"], st["eval_window"])
-    ids = cal.calibration_ids("smollm2", st["calib_windows"], st["calib_window"])
+    ref = smollm.reference(model, st["eval_windows"], st["eval_window"], protocol=PROTOCOL)
+    ids = cal.calibration_ids("smollm2", st["calib_windows"], st["calib_window"],
+                              protocol=PROTOCOL)
     exports = {}
     for bits in st["bits"]:
         row = next(r for r in out["rows"] if r["method"] == "qat-blockwise" and r["bits"] == bits)

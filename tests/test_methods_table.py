@@ -21,7 +21,7 @@ def fake_run(monkeypatch):
     monkeypatch.setattr(table, "load_model", lambda name: (None, lambda m, n, w: _Ref()))
     monkeypatch.setattr(table.cal, "calibration_ids", lambda *a, **k: torch.zeros(1, 1))
 
-    def fake_row(model, ref, m, ids, bits, gs, n_blocks=None, progress=False):
+    def fake_row(model, ref, m, ids, bits, gs, n_blocks=None, progress=False, **kw):
         measured.append((m, bits, gs))
         return {"method": m, "bits": bits, "group_size": gs, "kl_nats": 0.5, "seconds": 1.0}
 
@@ -113,7 +113,9 @@ def test_a_variant_table_holds_only_its_methods_and_names_its_options(monkeypatc
     monkeypatch.setattr(table, "load_model", lambda name: (None, lambda m, n, w: _Ref()))
     monkeypatch.setattr(table.cal, "calibration_ids", lambda *a, **k: torch.zeros(1, 1))
 
-    def fake_row(model, ref, m, ids, bits, gs, n_blocks=None, progress=False, **options):
+    def fake_row(model, ref, m, ids, bits, gs, n_blocks=None, progress=False, spread=False,
+                 **options):
+        assert spread is False          # the bundled model's tables keep their means only
         measured.append((m, bits, gs, tuple(sorted(options.items()))))
         return {"method": m, "bits": bits, "group_size": gs, "kl_nats": 0.5, "seconds": 1.0}
 
@@ -146,3 +148,13 @@ def test_options_parse_to_python_values():
     assert table._parse_option("symmetric=False") == ("symmetric", False)
     assert table._parse_option("n_grid=10") == ("n_grid", 10)
     assert table._parse_option("inputs=fp") == ("inputs", "fp")
+
+
+def test_rtn_takes_a_grid_option_and_rtn_asym_adds_a_zero_point():
+    from course_lib.model import load_pretrained
+    model = load_pretrained()
+    sym, _ = table.quantize(model, "rtn", None, 4, 32)
+    also, _ = table.quantize(model, "rtn", None, 4, 32, symmetric=False)   # an option passes through
+    asym, _ = table.quantize(model, table.ASYM_METHOD, None, 4, 32)
+    w = lambda m: m.model.layers[0].mlp.down_proj.dequantized()            # noqa: E731
+    assert torch.equal(w(also), w(asym)) and not torch.equal(w(sym), w(asym))

@@ -148,7 +148,8 @@ PENDING_V1 = {
     "kv_smollm2.json": "python -m course_lib.kv --model smollm2 --windows 4",
     "llm_compressor_smollm2.json": "python tools/llm_compressor_reference.py",
     "llm_int8_smollm2.json": "python -m course_lib.methods.llm_int8 --model smollm2",
-    "methods_smollm2.json": "python -m course_lib.methods.table --model smollm2",
+    "methods_smollm2_first-split.json": "the first split's methods table, kept for lesson 06's "
+                                        "llm-compressor experiment until that is rerun",
     "methods_smollm2_llm-compressor.json": "python -m course_lib.methods.table --model smollm2 ...",
     "methods_smollm2_llm-compressor-grid.json": "python -m course_lib.methods.table --model smollm2 ...",
     "qat_smollm2.json": "python -m course_lib.qat_tables --model smollm2",

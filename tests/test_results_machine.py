@@ -242,7 +242,7 @@ def test_w8a8_table_record_names_reused_rows_machine(tmp_path, monkeypatch):
     ref = SimpleNamespace(bits_per_byte=1.25, perplexity=3.0)
     monkeypatch.setattr(w8a8, "ROOT", tmp_path)
     monkeypatch.setattr(w8a8, "bundled_setup", lambda: (None, ref, None))
-    monkeypatch.setattr(w8a8, "score_variants", lambda model, ref, calib, reuse=(): list(reuse))
+    monkeypatch.setattr(w8a8, "score_variants", lambda model, ref, calib, reuse=(), spread=False: list(reuse))
     monkeypatch.setattr(w8a8, "eval_windows", lambda ref: {"n_windows": 1})
     path = tmp_path / "results" / "w8a8_bundled.json"
     path.parent.mkdir()

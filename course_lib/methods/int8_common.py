@@ -53,6 +53,29 @@ def eval_windows(ref) -> dict:
 # the bundled model: the evaluation slice of lesson 04, calibration from later in the file
 BUNDLED = {"eval_bytes": 6144, "window": 256, "calib_offset": 32768, "calib_rows": 8}
 SMOLLM = {"n_windows": 8, "calib_tokens": 512, "calib_rows": 2}   # the protocol's 8 windows
+#: SmolLM2's text protocol (course_lib.smollm.PROTOCOLS): calibration text that shares no
+#: verbatim run with the evaluation text (lesson 04).
+PROTOCOL = "clean"
+
+
+def protocol_record(ref) -> dict:
+    """The ``protocol`` field of a SmolLM2 results file of lessons 05 and 08."""
+    from course_lib import protocol
+    return {"name": PROTOCOL, "text": "course_lib.data.clean_split()[1]",
+            **eval_windows(ref), "calibration": "course_lib.data.clean_split()[0] (no "
+            "50-character run shared with the evaluation text)",
+            "spread": f"per-window figures; {protocol.LEVEL:.0%} bootstrap intervals over "
+                      f"windows ({protocol.N_BOOT} resamples)"}
+
+
+def score(qm, ref, spread: bool = False) -> dict:
+    """``course_lib.eval.compare``'s figures for ``qm`` on ``ref``; ``spread`` (SmolLM2's
+    tables): also each window's figures and bootstrap intervals (``course_lib.protocol``)."""
+    if spread:
+        from course_lib import protocol
+        return protocol.score(qm, ref)
+    from course_lib import eval as ceval
+    return ceval.compare(qm, ref)
 
 
 def bundled_setup():
@@ -77,6 +100,7 @@ def smollm_setup():
         raise RuntimeError(f"SmolLM2 is not installed here: {smollm.INSTALL}, then "
                            f"python -m course_lib.smollm")
     model = smollm.load()
-    ref = smollm.reference(model, n_windows=SMOLLM["n_windows"])
+    ref = smollm.reference(model, n_windows=SMOLLM["n_windows"], protocol=PROTOCOL)
     n, T = SMOLLM["calib_rows"], SMOLLM["calib_tokens"]
-    return model, ref, smollm.calibration_ids(n * T).view(n, T)   # never the evaluation text
+    calib = smollm.calibration_ids(n * T, protocol=PROTOCOL).view(n, T)   # never evaluation text
+    return model, ref, calib

