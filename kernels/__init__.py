@@ -16,6 +16,8 @@ inputs, a plain-torch reference and a benchmark.
   fused kernel), int32 accumulation, scales in the epilogue; compute capability 8.0+ (lesson 08)
 - ``kernels.decode_attention`` one query per sequence against a BF16, FP8 or INT8 KV cache,
   dequantized in registers, online softmax, split along the context (lesson 11)
+- ``kernels.hadamard_quant`` a fast Walsh-Hadamard transform (2^k, 12 x 2^k, 20 x 2^k,
+  144 x 2^k) fused with per-token INT4 quantization: QuaRot's online rotation (lesson 16)
 - ``kernels._triton``  Triton itself, or where it is not installed (macOS, Windows) a stand-in:
   every kernel file still loads, ``source`` still prints its kernels, the plain-torch references
   still run, and a launch raises ``TritonMissing`` with one line that says why (``TRITON``,

@@ -58,6 +58,7 @@ KERNEL_MODULES = [
     "kernels.fp8_w8a8",
     "kernels.w8a8_int8",
     "kernels.decode_attention",
+    "kernels.hadamard_quant",
 ]
 
 # Turing (T4), Ampere (A100; A10/RTX 30), Ada (L4/RTX 40), Hopper, consumer Blackwell (RTX 50)
