@@ -24,6 +24,9 @@ Modules (each imported on demand, so `import course_lib` stays cheap):
 - ``widgets``  the interactive widgets, one module per lesson that has one
 - ``learner_progress`` which exercises this learner has passed: ``course_lib.progress()``
 - ``paths``    where the course folder is (``ROOT``)
+- ``experiments`` the commands that run the committed experiments and write results/ JSON
+  (methods, sensitivity, engine and QAT tables); the lessons read those files through the
+  modules above
 - ``authoring`` the course's machinery, not taught: the exercise generator, slide and nbgrader
   metadata, grading, the rendered book, the run-time tables (for authors and instructors)
 

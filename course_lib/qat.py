@@ -38,9 +38,10 @@ them:
 - :data:`GGML_BLOCKS` / :func:`gguf_bits_per_weight`: the bits per weight of llama.cpp's
   block formats that can hold a low-bit grid (Q4_0, Q2_0, TQ1_0, TQ2_0), from their layouts.
 
-``python -m course_lib.qat_tables --model bundled`` and ``--model smollm2`` write the committed
-tables ``results/qat_bundled.json`` and ``results/qat_smollm2.json`` (that module sits a layer
-higher: it also drives llama.cpp).
+``python -m course_lib.experiments.qat_tables --model bundled`` and ``--model smollm2`` write
+the committed tables ``results/qat_bundled.json`` and ``results/qat_smollm2.json``
+(:func:`load_results` reads them; the writer lives with the course's other experiments, in
+``course_lib.experiments``: it also drives llama.cpp).
 """
 from __future__ import annotations
 
@@ -616,8 +617,8 @@ def blockwise_qat(model: nn.Module, ids: torch.Tensor, bits: int, group_size: in
 #: block on calibration windows of the reference text, scored on the lesson 04 protocol.
 #: SmolLM2's text protocol (course_lib.smollm.PROTOCOLS). "v1" while results/qat_smollm2.json
 #: (and the slice lesson 15 recomputes) is the first split's; set it to "clean" and rerun
-#: ``python -m course_lib.qat_tables --model smollm2`` (it refuses until the methods table it
-#: copies rows from is on the same protocol).
+#: ``python -m course_lib.experiments.qat_tables --model smollm2`` (it refuses until the
+#: methods table it copies rows from is on the same protocol).
 PROTOCOL = "v1"
 SETTINGS = {
     "bundled": {"group_size": 32, "bits": (4, 3, 2, "ternary"), "steps": 200, "batch": 8,
@@ -683,8 +684,8 @@ def load_results(model_name: str) -> dict:
     """The committed table results/qat_<model>.json."""
     path = results_path(model_name)
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: run `python -m course_lib.qat_tables --model "
-                                f"{model_name}`")
+        raise FileNotFoundError(f"{path} is missing: run `python -m "
+                                f"course_lib.experiments.qat_tables --model {model_name}`")
     return json.loads(path.read_text())
 
 

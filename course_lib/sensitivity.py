@@ -1,14 +1,15 @@
 """Which tensors deserve more bits: per-tensor sensitivity and a bit allocation under a byte budget
 (lesson 14).
 
-**The scan** (:func:`scan`, ``python -m course_lib.sensitivity scan`` writes
-``results/kquants_sensitivity_smollm2.json``): every Linear of SmolLM2 is quantized *alone* to
-a 4.5-bit format its width allows (Q4_K for the 1536-wide ``ffn_down``, Q4_0 for the 576-wide
-rest; llama.cpp's own rounding, :mod:`course_lib.kquants`), the rest kept at F16, and the KL
-divergence from the F16 model is measured on fixed windows of the *calibration* text
-(:func:`scan_windows`, the clean protocol's): the scan chooses the bits, so it never sees the
-evaluation windows that score the files it chooses. Layers before the quantized one do not
-change, so their outputs are computed once and reused.
+**The scan** (:func:`scan`; ``python -m course_lib.experiments.sensitivity_scan scan`` writes
+the committed one, ``results/kquants_sensitivity_smollm2.json``, that :func:`load_scan` reads):
+every Linear of SmolLM2 is quantized *alone* to a 4.5-bit format its width allows (Q4_K for the
+1536-wide ``ffn_down``, Q4_0 for the 576-wide rest; llama.cpp's own rounding,
+:mod:`course_lib.kquants`), the rest kept at F16, and the KL divergence from the F16 model is
+measured on fixed windows of the *calibration* text (:func:`scan_windows`, the clean
+protocol's): the scan chooses the bits, so it never sees the evaluation windows that score the
+files it chooses. Layers before the quantized one do not change, so their outputs are computed
+once and reused.
 
 **The other formats** are not all measured: a tensor's cost at format f is estimated from its
 measured cost at the 4.5-bit format times the ratio of the importance-weighted weight errors,
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 
@@ -186,7 +186,8 @@ def scan(model=None, n_windows: int = WINDOWS, window: int = WINDOW,
          cal_windows: int = CAL_WINDOWS, layers=None, kinds=KINDS, progress: bool = True
          ) -> dict:
     """Sensitivity of every (layer, kind) of SmolLM2, as the module docstring says; returns the
-    table (and :func:`write` saves it). ``layers``/``kinds`` restrict it (the lesson's slice)."""
+    table (``course_lib.experiments.sensitivity_scan.write`` saves it). ``layers``/``kinds``
+    restrict it (the lesson's slice)."""
     from course_lib import imatrix, smollm
     from course_lib.methods import calibration as cal
     n_windows, cal_windows = _whole(n_windows, "n_windows"), _whole(cal_windows, "cal_windows")
@@ -272,27 +273,11 @@ def f16_model():
     return m
 
 
-def write(path: Path = RESULTS_FILE, **kw) -> dict:
-    """The full scan, saved with the machine it ran on."""
-    from course_lib import device
-    torch.manual_seed(0)
-    out = scan(**kw)
-    out["machine"] = {**device.machine_record(), "cpus": os.cpu_count(),
-                      "load_avg_1min": os.getloadavg()[0]}
-    load = out["machine"]["load_avg_1min"]
-    out["note"] = (f"1-minute load average {load:.1f} on {os.cpu_count()} CPUs when it finished"
-                   + (": a shared machine, so the seconds are an upper bound; the KL values do "
-                      "not depend on load" if load > 0.5 * (os.cpu_count() or 1) else ""))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
-    return out
-
-
 def load_scan(path: Path = RESULTS_FILE) -> dict:
     """The committed scan."""
     if not Path(path).is_file():
-        raise FileNotFoundError(f"{path} is missing: run `python -m course_lib.sensitivity "
-                                f"scan` (about 15 minutes on 2 cores)")
+        raise FileNotFoundError(f"{path} is missing: run `python -m course_lib.experiments."
+                                f"sensitivity_scan scan` (about 15 minutes on 2 cores)")
     return json.loads(Path(path).read_text())
 
 
@@ -423,30 +408,3 @@ def estimated_cost(costs: dict, pick: dict) -> float:
             known = ", ".join(map(str, costs[t])) if isinstance(costs[t], dict) else repr(costs[t])
             raise ValueError(f"pick[{t!r}] = {f!r} is not a format costs[{t!r}] prices ({known})")
     return float(sum(costs[t][f] for t, f in pick.items()))
-
-
-def main(argv=None) -> None:
-    import argparse
-    p = argparse.ArgumentParser(prog="python -m course_lib.sensitivity",
-                                description="lesson 14's per-tensor sensitivity scan")
-    p.add_argument("command", choices=["scan"])
-    p.add_argument("--windows", type=int, default=WINDOWS)
-    p.add_argument("--window", type=int, default=WINDOW)
-    p.add_argument("--cal-windows", type=int, default=CAL_WINDOWS)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (1: the machine "
-                   "it was written on was shared)")
-    a = p.parse_args(argv)
-    for flag, v, least in (("--windows", a.windows, 1), ("--window", a.window, 2),
-                           ("--cal-windows", a.cal_windows, 1), ("--threads", a.threads, 1)):
-        if v < least:
-            p.error(f"{flag} must be at least {least}; got {v}")
-    torch.set_num_threads(a.threads)
-    out = write(n_windows=a.windows, window=a.window, cal_windows=a.cal_windows)
-    top = sorted(out["rows"], key=lambda r: -r["kl_mean"])[:10]
-    for r in top:
-        print(r["tensor"], r["format"], f"{r['kl_mean']:.5f}")
-    print(f"{len(out['rows'])} tensors in {out['seconds']} s -> {RESULTS_FILE}")
-
-
-if __name__ == "__main__":
-    main()

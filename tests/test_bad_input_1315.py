@@ -21,6 +21,7 @@ from gguf import GGUFWriter
 
 from course_lib import engine, export, imatrix, kmix, kquants, sensitivity, spread
 from course_lib import gguf_model as gm
+from course_lib.experiments import sensitivity_scan
 from course_lib.methods import calibration as cal
 from course_lib.model import BUNDLED_DIR, LlamaModel, ModelConfig, load_pretrained
 
@@ -371,7 +372,7 @@ def test_sensitivity_refuses(bundled):
     r(lambda: sensitivity.scan(bundled, 1, 32, 0, layers=[0], progress=False), ValueError, "cal_windows")
     r(lambda: sensitivity.scan(bundled, 1, 300, 1, layers=[0], progress=False), ValueError, "context of 256")
     r(lambda: sensitivity.scan("smollm2", 1, 32, 1, layers=[0], progress=False), TypeError, "model must be")
-    r(lambda: sensitivity.main(["scan", "--windows", "0"]), SystemExit, "2")
+    r(lambda: sensitivity_scan.main(["scan", "--windows", "0"]), SystemExit, "2")
 
 
 ROWS = [{"tensor": "blk.0.attn_q.weight", "layer": 0, "kind": "attn_q", "format": "q4_0",

@@ -38,18 +38,22 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "course_lib.rotate")),   # lesson 16
     ("3 methods and the KV cache", (
         "course_lib.methods", "course_lib.kv", "course_lib.export",
-        "course_lib.sensitivity", "course_lib.qat")),   # lesson 14; qat: lesson 15
+        "course_lib.sensitivity", "course_lib.kmix_table",   # lesson 14
+        "course_lib.qat")),   # lesson 15
     ("4 timing and kernels", (
         "course_lib.bandwidth", "course_lib.bench", "kernels")),
     ("5 benchmarks", (
         "kernels.bench", "kernels.bench_layers", "kernels.bench_peers", "kernels.bench_decode",
         "kernels.bench_targets", "kernels.sweep_gemv", "kernels.compile_check", "kernels.pipes",
-        "course_lib.guide", "course_lib.engine",   # engine: lesson 13 (the engine branch)
-        "course_lib.kmix_table", "course_lib.qat_tables")),   # lesson 14; lesson 15
+        "course_lib.guide", "course_lib.engine")),   # engine: lesson 13 (the engine branch)
     ("6 lessons' checks and widgets", (
         "course_lib.learner_progress", "course_lib.checks", "course_lib.widgets",
         "course_lib")),   # the package itself: course_lib.progress()
-    ("7 the course's machinery", (
+    # the commands that run the committed experiments and write results/ (issue 39): above
+    # every reader, so no lesson's module, check or widget can import a writer
+    ("7 the course's experiments", (
+        "course_lib.experiments",)),
+    ("8 the course's machinery", (
         "course_lib.authoring",)),
 ]
 
@@ -258,6 +262,8 @@ def test_a_module_outside_every_layer_is_named():
     with pytest.raises(KeyError):
         layer_of("course_lib.brand_new")
     assert layer_of("course_lib.methods.gptq") == 2 and layer_of("course_lib") == 5
-    assert layer_of("course_lib.authoring.book") == 6 and layer_of("kernels.bench") == 4
+    assert layer_of("course_lib.authoring.book") == 7 and layer_of("kernels.bench") == 4
+    assert layer_of("course_lib.experiments.qat_tables") == 6 and layer_of("course_lib.checks") == 5
+    assert layer_of("course_lib.kmix_table") == 2         # the reader; its writer is layer 7
     assert layer_of("kernels.w8a16") == 3 and layer_of("kernels._common") == 3
     assert layer_of("kernels.bench_peers") == 4

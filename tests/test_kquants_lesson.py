@@ -1,5 +1,6 @@
 """Lesson 14's importance matrix, sensitivity scan and bit allocation (course_lib.imatrix,
-course_lib.sensitivity, course_lib.kmix_table), on small inputs that run in seconds."""
+course_lib.sensitivity, course_lib.kmix_table; their writers are in course_lib.experiments), on
+small inputs that run in seconds."""
 import numpy as np
 import pytest
 import torch

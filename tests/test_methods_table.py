@@ -1,10 +1,14 @@
-"""The methods table command (course_lib.methods.table): resuming a partial JSON, refusing to mix
-protocols, and GPTQ's one-layer benchmark command (run small here; the real one is by hand)."""
+"""The methods table command (course_lib.experiments.methods_table, writing what
+course_lib.methods.table reads): resuming a partial JSON, refusing to mix protocols, and GPTQ's
+one-layer benchmark command (run small here; the real one is by hand). The writer reaches the
+model, the rows and the slice through course_lib.methods.table, so the stand-ins replace them
+there."""
 import json
 
 import pytest
 import torch
 
+from course_lib.experiments import methods_table
 from course_lib.methods import gptq
 from course_lib.methods import table
 
@@ -38,7 +42,7 @@ def _all_jobs():
 
 def test_resume_measures_only_the_missing_rows_and_keeps_the_rest(fake_run, tmp_path):
     path = tmp_path / "methods_bundled.json"
-    table.write_table("bundled", path, progress=False)
+    methods_table.write_table("bundled", path, progress=False)
     assert len(fake_run) == 16
     full = json.loads(path.read_text())
     # drop three rows and the slice, as an interrupted run leaves the file
@@ -48,7 +52,7 @@ def test_resume_measures_only_the_missing_rows_and_keeps_the_rest(fake_run, tmp_
     full["slice"] = None
     path.write_text(json.dumps(full))
     fake_run.clear()
-    out = table.write_table("bundled", path, progress=False, resume=True)
+    out = methods_table.write_table("bundled", path, progress=False, resume=True)
     assert fake_run == [("gptq", 3, 128), ("gptq+act", 3, 128), ("awq", 3, 128)]
     assert [(r["method"], r["bits"], r["group_size"]) for r in out["rows"]] == _all_jobs()
     assert out["rows"][0]["kl_nats"] == 0.123
@@ -56,25 +60,25 @@ def test_resume_measures_only_the_missing_rows_and_keeps_the_rest(fake_run, tmp_
     assert json.loads(path.read_text())["rows"] == out["rows"]   # saved
     # nothing missing: nothing measured, the slice kept
     fake_run.clear()
-    table.write_table("bundled", path, progress=False, resume=True)
+    methods_table.write_table("bundled", path, progress=False, resume=True)
     assert fake_run == []
 
 
 def test_resume_refuses_rows_of_another_protocol(fake_run, tmp_path):
     path = tmp_path / "methods_bundled.json"
-    table.write_table("bundled", path, progress=False)
+    methods_table.write_table("bundled", path, progress=False)
     old = json.loads(path.read_text())
     old["calibration"]["windows"] = 7
     path.write_text(json.dumps(old))
     with pytest.raises(ValueError, match="another calibration"):
-        table.write_table("bundled", path, progress=False, resume=True)
+        methods_table.write_table("bundled", path, progress=False, resume=True)
 
 
 def test_a_subset_of_methods_without_the_other_rows_says_what_to_do(fake_run, tmp_path):
     path = tmp_path / "methods_bundled.json"
     path.write_text(json.dumps({"rows": []}))
     with pytest.raises(KeyError, match="--resume"):
-        table.write_table("bundled", path, progress=False, methods=("rtn",))
+        methods_table.write_table("bundled", path, progress=False, methods=("rtn",))
 
 
 def test_gptq_benchmark_command_writes_its_json(tmp_path):
@@ -121,7 +125,7 @@ def test_a_variant_table_holds_only_its_methods_and_names_its_options(monkeypatc
 
     monkeypatch.setattr(table, "row", fake_row)
     monkeypatch.setattr(table, "slice_rows", lambda *a, **k: {"rows": [], **k})
-    out = table.write_table("bundled", tmp_path / "v.json", progress=False,
+    out = methods_table.write_table("bundled", tmp_path / "v.json", progress=False,
                             methods=("gptq",), grid="llm-compressor", group_sizes=(32,))
     assert measured == [("gptq", 4, 32, (("grid", "llm-compressor"),)),
                         ("gptq", 3, 32, (("grid", "llm-compressor"),))]
@@ -135,8 +139,8 @@ def test_a_variant_table_holds_only_its_methods_and_names_its_options(monkeypatc
     (lambda: table.find([], "gptq", 4, 32), KeyError, "no row gptq W4 g32"),
     (lambda: table.quantize(None, "smoothquant", None, 4, 32), ValueError, "unknown method"),
     (lambda: table.results_path("bundled", "../x"), ValueError, "tag must be"),
-    (lambda: table._parse_option("inputs"), ValueError, "key=value"),
-    (lambda: table.write_table("bundled", grid="q8_0"), ValueError, "unknown grid"),
+    (lambda: methods_table._parse_option("inputs"), ValueError, "key=value"),
+    (lambda: methods_table.write_table("bundled", grid="q8_0"), ValueError, "unknown grid"),
     (lambda: table.load_model("opt"), ValueError, "unknown model"),
 ])
 def test_table_functions_refuse_bad_input(call, exc, match):
@@ -145,9 +149,9 @@ def test_table_functions_refuse_bad_input(call, exc, match):
 
 
 def test_options_parse_to_python_values():
-    assert table._parse_option("symmetric=False") == ("symmetric", False)
-    assert table._parse_option("n_grid=10") == ("n_grid", 10)
-    assert table._parse_option("inputs=fp") == ("inputs", "fp")
+    assert methods_table._parse_option("symmetric=False") == ("symmetric", False)
+    assert methods_table._parse_option("n_grid=10") == ("n_grid", 10)
+    assert methods_table._parse_option("inputs=fp") == ("inputs", "fp")
 
 
 def test_rtn_takes_a_grid_option_and_rtn_asym_adds_a_zero_point():

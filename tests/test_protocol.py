@@ -150,9 +150,11 @@ PENDING_V1 = {
     "llm_int8_smollm2.json": "python -m course_lib.methods.llm_int8 --model smollm2",
     "methods_smollm2_first-split.json": "the first split's methods table, kept for lesson 06's "
                                         "llm-compressor experiment until that is rerun",
-    "methods_smollm2_llm-compressor.json": "python -m course_lib.methods.table --model smollm2 ...",
-    "methods_smollm2_llm-compressor-grid.json": "python -m course_lib.methods.table --model smollm2 ...",
-    "qat_smollm2.json": "python -m course_lib.qat_tables --model smollm2",
+    "methods_smollm2_llm-compressor.json":
+        "python -m course_lib.experiments.methods_table --model smollm2 ...",
+    "methods_smollm2_llm-compressor-grid.json":
+        "python -m course_lib.experiments.methods_table --model smollm2 ...",
+    "qat_smollm2.json": "python -m course_lib.experiments.qat_tables --model smollm2",
     "w8a8_smollm2.json": "python -m course_lib.methods.w8a8 --model smollm2",
     "w8a8_smollm2_overlap.json": "python -m course_lib.methods.w8a8 --overlap-check",
 }

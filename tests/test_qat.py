@@ -356,8 +356,9 @@ def test_tune_block_refuses_mismatched_activations():
 
 def test_the_export_only_rerun_is_for_smollm2_only():
     """``--export-only`` reruns the GGUF/llama.cpp check of the SmolLM2 table alone
-    (``qat_tables.rerun_exports``); the bundled table has no export to rerun."""
-    from course_lib import qat_tables
+    (``course_lib.experiments.qat_tables.rerun_exports``); the bundled table has no export to
+    rerun."""
+    from course_lib.experiments import qat_tables
     with pytest.raises(SystemExit):
         qat_tables.main(["--model", "bundled", "--export-only"])
 

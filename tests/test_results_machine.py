@@ -102,10 +102,11 @@ def test_machine_record_names_dispatch_settings_and_falls_back(monkeypatch):
 
 # module file -> the functions that write (or build) a results record
 WRITERS = {
-    "course_lib/methods/table.py": ["write_table"],
+    "course_lib/experiments/methods_table.py": ["write_table"],   # lessons 06, 07, 12
     "course_lib/smollm.py": ["write_rtn_table", "benchmark"],
     "course_lib/engine.py": ["write_table"],
-    "course_lib/qat_tables.py": ["write_bundled", "write_smollm2", "rerun_exports"],   # lesson 15
+    "course_lib/experiments/qat_tables.py": ["write_bundled", "write_smollm2",
+                                             "rerun_exports"],   # lesson 15
     "course_lib/kv.py": ["run"],
     "course_lib/methods/w8a8.py": ["main", "add_sweep"],
     "course_lib/methods/llm_int8.py": ["main"],
@@ -116,8 +117,8 @@ WRITERS = {
     "kernels/compile_check.py": ["main"],
     "kernels/sweep_gemv.py": ["sweep", "main"],
     "kernels/decode_attention.py": ["main"],
-    "course_lib/sensitivity.py": ["write"],          # lesson 14
-    "course_lib/kmix_table.py": ["write_table"],     # lesson 14
+    "course_lib/experiments/sensitivity_scan.py": ["write"],   # lesson 14
+    "course_lib/experiments/kmix_table.py": ["write_table"],   # lesson 14
 }
 # modules that write JSON and mention results/ but write no results file
 NOT_WRITERS = {
@@ -192,10 +193,11 @@ def _methods_stubs(monkeypatch, table):
 
 
 def test_methods_table_records_the_machine_and_the_earlier_rows_one(tmp_path, monkeypatch):
+    from course_lib.experiments import methods_table
     from course_lib.methods import table
-    _methods_stubs(monkeypatch, table)
+    _methods_stubs(monkeypatch, table)          # the writer reaches them through the reader
     path = tmp_path / "methods.json"
-    out = table.write_table("bundled", path=path, progress=False, group_sizes=(32,),
+    out = methods_table.write_table("bundled", path=path, progress=False, group_sizes=(32,),
                             bits_list=(4,))
     saved = json.loads(path.read_text())["machine"]
     _check_record(saved)
@@ -206,11 +208,12 @@ def test_methods_table_records_the_machine_and_the_earlier_rows_one(tmp_path, mo
     data = json.loads(path.read_text())
     data["machine"] = other
     path.write_text(json.dumps(data))
-    table.write_table("bundled", path=path, progress=False, methods=("rtn",),
+    methods_table.write_table("bundled", path=path, progress=False, methods=("rtn",),
                       group_sizes=(32,), bits_list=(4,))
     again = json.loads(path.read_text())["machine"]
     assert again["cpu"] == saved["cpu"] and again["earlier_rows_machine"]["cpu"] == "Some Other CPU"
-    assert table.earlier_machine(saved, saved) is None and table.earlier_machine(None, saved) is None
+    assert methods_table.earlier_machine(saved, saved) is None
+    assert methods_table.earlier_machine(None, saved) is None
 
 
 def test_smollm_speed_record(tmp_path, monkeypatch):

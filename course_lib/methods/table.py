@@ -1,34 +1,27 @@
 """One table per model: RTN, GPTQ (with and without act-order) and AWQ at 4 and 3 bits
-(lessons 06, 07 and 12). Written to ``results/methods_<model>.json``:
-
-    python -m course_lib.methods.table --model bundled      # about a minute on 2 cores
-    python -m course_lib.methods.table --model smollm2      # tens of minutes on 2 cores
-    python -m course_lib.methods.table --model smollm2 --resume   # only the missing rows
-    python -m course_lib.methods.table --model smollm2 --grid llm-compressor \
-        --methods rtn,gptq,gptq+act --group-sizes 32 --tag llm-compressor   # lesson 06
-    python -m course_lib.methods.table --model bundled --methods awq --bits 3 \
-        --group-sizes 128 --option inputs=fp --tag awq-fp-inputs          # lesson 07
+(lessons 06, 07 and 12), read from ``results/methods_<model>.json`` (:func:`load_table`), and
+the pieces a lesson runs live: one method on a model (:func:`quantize`), its score
+(:func:`score`, :func:`row`) and the table's small slice (:func:`slice_rows`).
 
 Every row quantizes every Linear of the decoder blocks (embeddings and the output head stay)
 with symmetric group-wise integers in the course's convention (scale = absmax / 7 for INT4,
 codes -7..7; llm-compressor uses absmax / 7.5 with codes -8..7), fp32 scales, and is scored
 against the unquantized model on the same evaluation windows. The JSON also holds a *slice*
 (a small calibration set, few blocks, one or a few windows) that the lessons recompute live and
-compare with the committed numbers. Rows are written as they finish, so an interrupted run
-keeps what it measured. A *variant* table (another grid, or a method's options) is written to
-``results/methods_<model>_<tag>.json`` and holds only the methods asked for.
+compare with the committed numbers. A *variant* table (another grid, or a method's options)
+is ``results/methods_<model>_<tag>.json`` and holds only the methods it was asked for.
+
+The tables are written by ``python -m course_lib.experiments.methods_table --model bundled``
+(or ``smollm2``; :mod:`course_lib.experiments.methods_table` lists the variants' commands).
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
 
-from course_lib import device
 from course_lib import eval as ceval
 from course_lib import protocol as cprotocol
 from course_lib import quant
@@ -158,7 +151,7 @@ def slice_rows(model, reference, model_name: str, methods=METHODS, **options) ->
     ``options`` go to every method (e.g. ``grid="llm-compressor"``)."""
     sl = SETTINGS[model_name]["slice"]
     st = SETTINGS[model_name]
-    ids = _calibration(model_name, sl["calib_windows"], st["calib_window"])
+    ids = calibration_ids(model_name, sl["calib_windows"], st["calib_window"])
     ref = reference(model, sl["eval_windows"], st["eval_window"])
     rows = [row(model, ref, m, ids, sl["bits"], sl["group_size"], sl["n_blocks"], **options)
             for m in methods]
@@ -167,168 +160,11 @@ def slice_rows(model, reference, model_name: str, methods=METHODS, **options) ->
     return {**sl, "rows": rows}
 
 
-def _calibration(model_name: str, n_windows: int, window: int) -> torch.Tensor:
-    """Calibration windows (n, T): SmolLM2's from :data:`PROTOCOL`'s calibration text."""
+def calibration_ids(model_name: str, n_windows: int, window: int) -> torch.Tensor:
+    """The table's calibration windows (n, T): SmolLM2's from :data:`PROTOCOL`'s calibration
+    text."""
     kw = {"protocol": PROTOCOL} if model_name == "smollm2" else {}
     return cal.calibration_ids(model_name, n_windows, window, **kw)
-
-
-PROTOCOL_KEYS = ("model", "convention", "calibration", "evaluation")
-
-
-def write_table(model_name: str, path: Path | None = None, progress: bool = True,
-                methods=METHODS, resume: bool = False, grid: str = "course",
-                options: dict | None = None, tag: str | None = None,
-                group_sizes=None, bits_list=(4, 3)) -> dict:
-    """Measure every row and write the JSON (saved after every row, so an interrupted run keeps
-    what it measured). ``methods``: a subset re-measures only those rows (and the slice) and
-    keeps the others of the JSON there. ``resume``: keep every row (and the slice) already in
-    the JSON when it was measured under the same protocol (model, convention, calibration,
-    evaluation); measure only what is missing.
-
-    grid / options / tag: a variant table (``results/methods_<model>_<tag>.json``, holding only
-    ``methods``): another grid (lesson 06's llm-compressor experiment) or method options
-    (lesson 07's AWQ deviations, e.g. ``{"inputs": "fp"}``). group_sizes / bits_list: restrict
-    the rows measured."""
-    from tqdm.auto import tqdm
-    cal.get_grid(grid)
-    options = dict(options or {})
-    if grid != "course":
-        options["grid"] = grid
-    variant = bool(options) or tag is not None
-    if variant and tag is None:
-        tag = "_".join(f"{k}-{v}" for k, v in sorted(options.items())).replace("=", "-")
-    path = path or results_path(model_name, tag if variant else None)
-    st = SETTINGS[model_name]
-    t0 = time.perf_counter()
-    model, reference = load_model(model_name)
-    ref = reference(model, st["eval_windows"], st["eval_window"])
-    ids = _calibration(model_name, st["calib_windows"], st["calib_window"])
-    smol = model_name == "smollm2"
-    base = {"bits_per_byte": ref.bits_per_byte}
-    if model_name == "smollm2":
-        base["perplexity"] = ref.perplexity
-    out = {"model": model_name,
-           "convention": CONVENTIONS[grid],
-           "calibration": {"windows": st["calib_windows"], "tokens": st["calib_window"],
-                           "text": "training split" if model_name == "bundled"
-                           else f"calibration text of the {PROTOCOL!r} protocol "
-                                f"(course_lib.data.clean_split()[0])"},
-           "evaluation": {"windows": st["eval_windows"], "tokens": st["eval_window"]},
-           "machine": {**device.machine_record(), "threads": torch.get_num_threads()},
-           "baseline": base, "rows": [], "slice": None}
-    if smol:
-        out["protocol"] = _protocol_record(st)
-    if variant:
-        out["options"] = {k: str(v) for k, v in options.items()}
-    previous = json.loads(path.read_text()) if path.exists() else None
-    old, old_slice = [], None
-    if previous is not None and (resume or (not variant and set(methods) != set(METHODS))):
-        if resume:
-            _check_protocol(previous, out, path)
-            old_slice = previous.get("slice")
-            pm = previous.get("machine", {})
-            if "note" in pm or "earlier_rows" in pm:
-                out["machine"]["earlier_rows"] = pm.get("earlier_rows", pm.get("note"))
-        old = previous["rows"]
-        earlier = earlier_machine(previous.get("machine"), out["machine"])
-        if earlier:      # rows kept from a run on another CPU, torch or BLAS: say which
-            out["machine"]["earlier_rows_machine"] = earlier
-    # the comparisons the lessons quote first: the smallest group size, 4 then 3 bits
-    jobs = [(bits, gs, m) for gs in (group_sizes or st["group_sizes"]) for bits in bits_list
-            for m in (methods if variant else METHODS)]
-    for bits, gs, m in tqdm(jobs, desc=model_name, disable=not progress):
-        kept = _find_or_none(old, m, bits, gs)
-        if m in methods and not (resume and kept is not None):
-            new = row(model, ref, m, ids, bits, gs, spread=smol, **options)
-            new["load_avg_1min"] = round(os.getloadavg()[0], 1)
-            out["rows"].append(new)
-        elif kept is not None:
-            out["rows"].append(kept)
-        else:
-            raise KeyError(f"no row {m} W{bits} g{gs} in {path} to keep: measure it with "
-                           f"--methods {m} or --resume")
-        _write(path, out)
-    if old_slice and old_slice.get("rows") and all(
-            old_slice.get(k) == v for k, v in st["slice"].items()):
-        out["slice"] = old_slice
-    else:
-        out["slice"] = slice_rows(model, reference, model_name,
-                                  methods if variant else METHODS, **options)
-    if smol and not variant:
-        out["asymmetric"] = [row(model, ref, ASYM_METHOD, ids, b, GENERAL_GROUP, spread=True)
-                             for b in bits_list]
-        _write(path, out)
-        out["general_case"] = general_case(model, ids, st, GENERAL_BITS, progress)
-    out["seconds_total"] = round(time.perf_counter() - t0, 1)     # this run (resumed: its part)
-    _write(path, out)
-    return out
-
-
-def _protocol_record(st: dict) -> dict:
-    return {"name": PROTOCOL, "text": "course_lib.data.clean_split()[1]",
-            "n_windows": st["eval_windows"], "window_tokens": st["eval_window"],
-            "scored_per_window": st["eval_window"] - 1,
-            "calibration": "course_lib.data.clean_split()[0] (no 50-character run shared "
-                           "with the evaluation text)",
-            "spread": f"per-window figures; {cprotocol.LEVEL:.0%} bootstrap intervals over "
-                      f"windows ({cprotocol.N_BOOT} resamples)"}
-
-
-def general_case(model, ids, st: dict, bits_list=(4, 3), progress: bool = True) -> dict:
-    """Every method (and asymmetric RTN) at group :data:`GENERAL_GROUP` on SmolLM2 moved off
-    its file's Q4_1 grid (``smollm.off_grid``), each scored against that moved model itself:
-    what the table looks like on weights that are not already 4-bit (lesson 04's trap)."""
-    from tqdm.auto import tqdm
-    from course_lib import smollm
-    smooth, rel = smollm.off_grid(model)
-    gref = smollm.reference(smooth, st["eval_windows"], st["eval_window"], protocol=PROTOCOL)
-    jobs = [(b, m) for b in bits_list for m in METHODS + (ASYM_METHOD,)]
-    rows = [row(smooth, gref, m, ids, b, GENERAL_GROUP, spread=True)
-            for b, m in tqdm(jobs, desc="off-grid model", disable=not progress)]
-    return {"what": "SmolLM2's block Linears moved off Q4_1's grid by Gaussian noise of "
-                    "1/sqrt(12) of each block's step (smollm.off_grid, seed 0), every method "
-                    "scored against that noised model itself: a stand-in for float-trained "
-                    "weights",
-            "noise_rms_over_weight_rms": rel,
-            "reference": {"perplexity": gref.perplexity, "bits_per_byte": gref.bits_per_byte},
-            "rows": rows}
-
-
-MACHINE_KEYS = ("cpu", "isa_flags", "torch", "blas", "torch_cpu_capability", "dispatch_env")
-
-
-def earlier_machine(previous: dict | None, now: dict) -> dict | None:
-    """The machine record of the rows a run keeps from an earlier file when it differs from
-    this run's in anything that moves the numbers (CPU, ISA, torch, BLAS, dispatch); None when
-    it is the same machine. A record that already names an earlier one passes that on."""
-    if not previous:
-        return None
-    if "earlier_rows_machine" in previous:
-        return previous["earlier_rows_machine"]
-    if all(previous.get(k) == now.get(k) for k in MACHINE_KEYS):
-        return None
-    return {k: v for k, v in previous.items() if k not in ("earlier_rows", "note")}
-
-
-def _check_protocol(previous: dict, out: dict, path: Path) -> None:
-    """Refuse to mix rows measured under another protocol into this table."""
-    for k in PROTOCOL_KEYS:
-        if previous.get(k) != out[k]:
-            raise ValueError(f"{path} was measured with another {k} ({previous.get(k)!r}, now "
-                             f"{out[k]!r}): --resume cannot reuse its rows; rerun without it")
-
-
-def _find_or_none(rows: list[dict], method: str, bits: int, group_size: int):
-    try:
-        return find(rows, method, bits, group_size)
-    except KeyError:
-        return None
-
-
-def _write(path: Path, out: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
 
 
 def load_table(model_name: str, tag: str | None = None) -> dict:
@@ -338,8 +174,8 @@ def load_table(model_name: str, tag: str | None = None) -> dict:
         raise ValueError(f"unknown model {model_name!r}; known: {', '.join(SETTINGS)}")
     path = results_path(model_name, tag)
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: run `python -m course_lib.methods.table "
-                                f"--model {model_name}`")
+        raise FileNotFoundError(f"{path} is missing: run `python -m "
+                                f"course_lib.experiments.methods_table --model {model_name}`")
     return json.loads(path.read_text())
 
 
@@ -365,47 +201,3 @@ def format_table(rows: list[dict]) -> str:
     w = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(cols)]
     line = lambda xs: "  ".join(x.rjust(n) for x, n in zip(xs, w))  # noqa: E731
     return "\n".join([line(cols)] + [line(x) for x in cells])
-
-
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", choices=sorted(SETTINGS), default="bundled")
-    p.add_argument("--methods", default=",".join(METHODS),
-                   help="re-measure only these rows, keeping the others of the existing JSON")
-    p.add_argument("--grid", default="course", choices=sorted(cal.GRIDS),
-                   help="quantization grid (a variant table: methods_<model>_<tag>.json)")
-    p.add_argument("--option", action="append", default=[],
-                   help="a method option as key=value (e.g. inputs=fp, symmetric=False, "
-                        "scale_o_proj=True): a variant table")
-    p.add_argument("--tag", default=None, help="the variant table's name (default: from the "
-                                                "grid and options)")
-    p.add_argument("--group-sizes", default=None, help="e.g. 32 (default: the model's)")
-    p.add_argument("--bits", default="4,3")
-    p.add_argument("--resume", action="store_true",
-                   help="keep the rows (and slice) already in the JSON under the same protocol "
-                        "and measure only the missing ones")
-    a = p.parse_args(argv)
-    options = dict(_parse_option(o) for o in a.option)
-    gs = tuple(int(g) for g in a.group_sizes.split(",")) if a.group_sizes else None
-    out = write_table(a.model, methods=tuple(a.methods.split(",")), resume=a.resume,
-                      grid=a.grid, options=options, tag=a.tag, group_sizes=gs,
-                      bits_list=tuple(int(b) for b in a.bits.split(",")))
-    print(format_table(out["rows"]))
-    print(f"written in {out['seconds_total']} s")
-
-
-def _parse_option(text: str):
-    """'key=value' with value a bool, int, float or string."""
-    if "=" not in text:
-        raise ValueError(f"--option takes key=value (e.g. inputs=fp); got {text!r}")
-    k, v = text.split("=", 1)
-    for conv in (lambda x: {"True": True, "False": False}[x], int, float):
-        try:
-            return k, conv(v)
-        except (KeyError, ValueError):
-            pass
-    return k, v
-
-
-if __name__ == "__main__":
-    main()

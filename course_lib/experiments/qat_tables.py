@@ -1,13 +1,14 @@
-"""The committed tables of lesson 15: ``python -m course_lib.qat_tables --model bundled`` and
-``--model smollm2`` (``results/qat_bundled.json``, ``results/qat_smollm2.json``).
+"""The writer of lesson 15's committed tables: ``python -m course_lib.experiments.qat_tables
+--model bundled`` and ``--model smollm2`` (``results/qat_bundled.json``,
+``results/qat_smollm2.json``; lesson 15 reads them with ``course_lib.qat.load_results``).
 
 bundled: quantization-aware training of the bundled model at INT4, INT3, INT2 (group 32) and
 ternary from its pretrained checkpoint, beside round-to-nearest and GPTQ at the same bits, with
 a learning curve per setting and the short run lesson 15 repeats live (a few minutes per
 setting on an idle 2-core CPU). smollm2: SmolLM2 tuned block by block at 3 and 2 bits beside
 RTN, GPTQ and AWQ, each model also written as GGUF Q4_0 and run in llama.cpp. The settings are
-``course_lib.qat.SETTINGS``; the method is in :mod:`course_lib.qat` (this module sits a layer
-above it because it drives the engine of lesson 13).
+``course_lib.qat.SETTINGS``; the method is in :mod:`course_lib.qat` (this module drives the
+engine of lesson 13 too, and only writes).
 """
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ def write_bundled(path: Path | None = None, progress: bool = True) -> dict:
         _write(path or results_path("bundled"), out)
     out["slice"] = bundled_slice(model, corpus)
     out["seconds_total"] = round(time.perf_counter() - t0, 1)
-    out["command"] = "python -m course_lib.qat_tables --model bundled"
+    out["command"] = "python -m course_lib.experiments.qat_tables --model bundled"
     out["load_avg_1min_at_end"] = round(os.getloadavg()[0], 1)
     _write(path or results_path("bundled"), out)
     return out
@@ -147,8 +148,8 @@ def write_smollm2(path: Path | None = None, progress: bool = True) -> dict:
     committed = table.load_table("smollm2")
     if committed.get("protocol", {}).get("name") != PROTOCOL:
         raise RuntimeError(f"results/methods_smollm2.json was not measured on the {PROTOCOL!r} "
-                           f"protocol: rerun python -m course_lib.methods.table --model smollm2 "
-                           f"first (this table copies its GPTQ and AWQ rows)")
+                           f"protocol: rerun python -m course_lib.experiments.methods_table "
+                           f"--model smollm2 first (this table copies its GPTQ and AWQ rows)")
     ptq_ids = cal.calibration_ids("smollm2", committed["calibration"]["windows"],
                                   committed["calibration"]["tokens"],
                                   protocol=PROTOCOL)                    # lesson 06's
@@ -214,7 +215,7 @@ def write_smollm2(path: Path | None = None, progress: bool = True) -> dict:
         _write(path, out)
     out["slice"] = smollm2_slice(model)
     out["seconds_total"] = round(time.perf_counter() - t0, 1)
-    out["command"] = "python -m course_lib.qat_tables --model smollm2"
+    out["command"] = "python -m course_lib.experiments.qat_tables --model smollm2"
     out["load_avg_1min_at_end"] = round(os.getloadavg()[0], 1)
     _write(path, out)
     return out
@@ -245,11 +246,11 @@ def rerun_exports(path: Path | None = None, progress: bool = True) -> dict:
             if abs(again[k] - row[k]) > 5e-3 * abs(row[k]):
                 raise RuntimeError(f"{label(bits)} QAT {k} {again[k]:.6f} does not reproduce "
                                    f"the committed {row[k]:.6f}: rerun the whole table "
-                                   "(python -m course_lib.qat_tables --model smollm2)")
+                                   "(python -m course_lib.experiments.qat_tables --model smollm2)")
         exports[label(bits)] = export_check(qm, model, st["export_windows"])
     out["export_q4_0"] = exports
-    out["export_rerun"] = {"command": "python -m course_lib.qat_tables --model smollm2 "
-                                      "--export-only",
+    out["export_rerun"] = {"command": "python -m course_lib.experiments.qat_tables "
+                                      "--model smollm2 --export-only",
                            "machine": {**device.machine_record(),
                                        "threads": torch.get_num_threads()}}
     _write(path, out)
@@ -257,7 +258,8 @@ def rerun_exports(path: Path | None = None, progress: bool = True) -> dict:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description="Quantization-aware training tables (lesson 15)")
+    p = argparse.ArgumentParser(prog="python -m course_lib.experiments.qat_tables",
+                                description="Quantization-aware training tables (lesson 15)")
     p.add_argument("--model", choices=sorted(SETTINGS), default="bundled")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--export-only", action="store_true",
