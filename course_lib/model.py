@@ -49,6 +49,11 @@ class ModelConfig:
     attention_bias: bool = False
     mlp_bias: bool = False
     head_dim: int | None = None        # hd; None means hidden_size // num_attention_heads
+    # Additions for the learner's own checkpoint (course_lib.own_model, issue 41); the defaults
+    # are the Llama model the lessons teach, so every existing model is unchanged by them.
+    qkv_bias: bool = False             # biases on q, k, v only, none on o (Qwen2 / Qwen2.5)
+    qk_norm: bool = False              # an RMSNorm over each head's hd values of q and k (Qwen3)
+    sliding_window: int | None = None  # each token sees only the last `sliding_window` (Mistral)
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -73,6 +78,18 @@ class ModelConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads {self.num_attention_heads} must be a multiple "
                              f"of num_key_value_heads {self.num_key_value_heads}")
+        for name in ("qkv_bias", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False; got {getattr(self, name)!r}")
+        if self.qkv_bias and self.attention_bias:
+            raise ValueError("qkv_bias (biases on q, k, v only: Qwen2) and attention_bias (biases "
+                             "on q, k, v and o: Llama's option) exclude each other; set one")
+        if self.sliding_window is not None and (isinstance(self.sliding_window, bool) or not
+                                                isinstance(self.sliding_window, int)
+                                                or self.sliding_window < 1):
+            raise ValueError(f"sliding_window must be a whole number >= 1 (the tokens each "
+                             f"position sees, itself included), or None for full attention; got "
+                             f"{self.sliding_window!r}")
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
@@ -87,12 +104,45 @@ class ModelConfig:
             d["rope_theta"] = rp.get("rope_theta", d.get("rope_theta", 10000.0))
             kind = rp.get("rope_type", rp.get("type", "default"))
             d["rope_scaling"] = None if kind == "default" else rp
+        if d.get("use_sliding_window") is False:  # Qwen2/3 ship a window they do not use
+            d.pop("sliding_window", None)
         return cls(**{k: v for k, v in d.items() if k in names})
 
     def to_hf_dict(self) -> dict:
-        """A config.json a Hugging Face ``LlamaForCausalLM`` also reads."""
+        """A config.json a Hugging Face ``LlamaForCausalLM`` also reads (``Qwen2ForCausalLM``
+        with q/k/v biases, ``Qwen3ForCausalLM`` with q/k norms, ``MistralForCausalLM`` with a
+        sliding window: the classes that compute what this model computes)."""
         d = asdict(self)
-        d.update(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
+        qkv_bias, qk_norm, window = d.pop("qkv_bias"), d.pop("qk_norm"), d.pop("sliding_window")
+        arch, model_type = "LlamaForCausalLM", "llama"
+        if qkv_bias and qk_norm:
+            raise ValueError("no Hugging Face class has both q/k/v biases (Qwen2) and q/k norms "
+                             "(Qwen3); this config cannot be written as config.json")
+        # Qwen2/3 put a window on the layers from max_window_layers on: 0 means all of them
+        qwen_window = dict(use_sliding_window=window is not None, sliding_window=window,
+                           max_window_layers=0 if window is not None else self.num_hidden_layers)
+        if qkv_bias:
+            if self.mlp_bias:
+                raise ValueError("Qwen2ForCausalLM has no MLP biases; mlp_bias must be False")
+            arch, model_type = "Qwen2ForCausalLM", "qwen2"
+            for k in ("attention_bias", "mlp_bias"):
+                d.pop(k)
+            d.update(qwen_window)
+        elif qk_norm:
+            if self.mlp_bias:
+                raise ValueError("Qwen3ForCausalLM has no MLP biases; mlp_bias must be False")
+            arch, model_type = "Qwen3ForCausalLM", "qwen3"
+            d.pop("mlp_bias")
+            d.update(qwen_window)
+        elif window is not None:
+            if self.attention_bias or self.mlp_bias:
+                raise ValueError("MistralForCausalLM has no biases; attention_bias and mlp_bias "
+                                 "must be False")
+            arch, model_type = "MistralForCausalLM", "mistral"
+            for k in ("attention_bias", "mlp_bias"):
+                d.pop(k)
+            d["sliding_window"] = window
+        d.update(architectures=[arch], model_type=model_type, hidden_act="silu",
                  torch_dtype="bfloat16", bos_token_id=None, eos_token_id=None)
         return d
 
@@ -171,18 +221,30 @@ class Attention(nn.Module):
         self.layer, self.H, self.K, self.hd = layer, cfg.num_attention_heads, \
             cfg.num_key_value_heads, cfg.head_dim
         b = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.H * self.hd, bias=b)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.K * self.hd, bias=b)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.K * self.hd, bias=b)
+        bqkv = b or cfg.qkv_bias                   # Qwen2: q, k, v carry biases, o does not
+        self.q_proj = nn.Linear(cfg.hidden_size, self.H * self.hd, bias=bqkv)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.K * self.hd, bias=bqkv)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.K * self.hd, bias=bqkv)
         self.o_proj = nn.Linear(self.H * self.hd, cfg.hidden_size, bias=b)
+        if cfg.sliding_window is not None:        # Mistral: attend to the last `window` only
+            self.window = cfg.sliding_window
+        if cfg.qk_norm:                            # Qwen3: normalise each head before RoPE
+            self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, cache: KVCache | None = None):
         B, T, _ = x.shape                                                  # x: (B, T, D)
         q = self.q_proj(x).view(B, T, self.H, self.hd).transpose(1, 2)     # (B, H, T, hd)
         k = self.k_proj(x).view(B, T, self.K, self.hd).transpose(1, 2)     # (B, K, T, hd)
         v = self.v_proj(x).view(B, T, self.K, self.hd).transpose(1, 2)     # (B, K, T, hd)
+        if hasattr(self, "q_norm"):                # over hd, the last dimension (Qwen3)
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        window = getattr(self, "window", None)    # set only for a sliding-window model
         if getattr(cache, "attend", None) is not None:  # a quantized cache (course_lib.kv, lesson 11)
+            if window is not None:
+                raise NotImplementedError("a quantized KV cache does not apply a sliding window; "
+                                          "use a plain KVCache with this model")
             y = cache.attend(self.layer, q, k, v)                          # (B, H, T, hd)
             return self.o_proj(y.transpose(1, 2).reshape(B, T, self.H * self.hd))
         past = 0                                   # tokens already in the cache
@@ -192,13 +254,15 @@ class Attention(nn.Module):
         rep = self.H // self.K                     # each kv head serves `rep` query heads
         k = k.repeat_interleave(rep, dim=1)                                # (B, H, S, hd)
         v = v.repeat_interleave(rep, dim=1)                                # (B, H, S, hd)
-        if past == 0:
+        if past == 0 and (window is None or T <= window):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)    # (B, H, T, hd)
         else:  # new token i (absolute position past+i) may see cached positions <= past+i
             S = k.shape[2]
             cols = torch.arange(S, device=q.device)[None, :]               # (1, S) key positions
             rows = past + torch.arange(T, device=q.device)[:, None]        # (T, 1) query positions
             mask = cols <= rows                                            # (T, S)
+            if window is not None:                 # and only the last `window` of them (Mistral)
+                mask = mask & (cols > rows - window)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)    # (B, H, T, hd)
         y = y.transpose(1, 2).reshape(B, T, self.H * self.hd)             # (B, T, H*hd)
         return self.o_proj(y)                                              # (B, T, D)

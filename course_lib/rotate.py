@@ -354,6 +354,12 @@ def online_qk(model: LlamaModel, seed: int | None = None) -> LlamaModel:
     _check_model(model, "online_qk")
     _check_seed(seed)
     _refuse_twice(model, "R3", "online_qk")
+    cfg = model.config
+    if getattr(cfg, "qk_norm", False) or getattr(cfg, "sliding_window", None) is not None:
+        raise ValueError("online_qk rotates queries and keys in an attention without per-head q/k "
+                         "norms (Qwen3) or a sliding window (Mistral); this model has "
+                         f"qk_norm={getattr(cfg, 'qk_norm', False)}, sliding_window="
+                         f"{getattr(cfg, 'sliding_window', None)}: use quarot(..., qk=False)")
     hd = model.config.head_dim
     try:
         factor(hd)

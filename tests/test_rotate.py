@@ -414,3 +414,15 @@ def test_smollm2_incoherence_falls_to_the_gaussian_level(smol_runs):
     for kind in ("self_attn.q_proj", "mlp.down_proj"):
         before, after = inc(a["weights"][kind]), inc(b["weights"][kind])
         assert before.max() > 15 and after.max() < 7, kind
+
+
+@pytest.mark.parametrize("extra", [{"qk_norm": True}, {"sliding_window": 8}])
+def test_online_qk_refuses_attention_it_would_change(extra):
+    """HadamardQKAttention has no per-head q/k norms (Qwen3) and no window (Mistral): refused,
+    never a model that silently drops them."""
+    cfg = M.ModelConfig(hidden_size=48, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, intermediate_size=48, **extra)
+    m = M.LlamaModel(cfg).init_weights(0).eval()
+    with pytest.raises(ValueError, match="qk=False"):
+        R.online_qk(m)
+    R.online_down_proj(m)                                  # the other rotations still apply
