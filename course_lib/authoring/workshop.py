@@ -317,11 +317,12 @@ AGENDAS: dict[str, list[tuple]] = {
         ("break", "break", 15),
         ("lesson", "14_k_quants", ["14.importance"]),
         ("lesson", "15_quantization_aware_training", ["15.ste"]),
+        ("lesson", "16_rotations", ["16.hadamard_12k"]),
     ],
 }
 AGENDA_TITLES = {"half_day": "Half day: from the bill to a real model",
                  "day_1": "Two days, day 1: formats to GPTQ and AWQ",
-                 "day_2": "Two days, day 2: W8A8, kernels, the KV cache, shipping, below 4 bits"}
+                 "day_2": "Two days, day 2: W8A8, kernels, the KV cache, shipping, below 4 bits, rotations"}
 
 
 def walkthrough_minutes(stem: str) -> int:

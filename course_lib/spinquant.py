@@ -1,0 +1,353 @@
+"""A learned rotation, small: SpinQuant's idea on one block of the course's model (taught in
+lesson 16).
+
+QuaRot (lesson 16, :mod:`course_lib.rotate`) rotates the residual stream with a RANDOM Hadamard
+matrix. SpinQuant (Liu et al., ICLR 2025, arXiv 2405.16406, section 3) observes that random
+rotations differ in how well the rotated model quantizes, and LEARNS the rotations that fuse
+into the weights (its R1 on the residual stream and R2 per attention head), by minimising the
+quantized network's loss with the rounding passed straight through (the straight-through
+estimator of lesson 15) while the matrices stay orthogonal: it updates them with Cayley SGD on
+the Stiefel manifold (the set of orthogonal matrices), so that no step leaves it.
+
+Here the same idea at the size of one block, fast enough to train live on a CPU:
+
+- the rotation is PARAMETERISED so that it is orthogonal whatever the parameters are:
+  Q = Q0 @ cayley(A), with Q0 = ``random_hadamard(n, seed)`` (QuaRot's R1, where training
+  starts), A = (P - P^T) / 2 skew-symmetric, and the Cayley transform
+  cayley(A) = (I - A)^-1 (I + A), orthogonal for every skew-symmetric A and equal to I at
+  A = 0. P starts at 0, so step 0 is the random Hadamard exactly. Any optimiser can then
+  train P (Adam here); SpinQuant's Cayley SGD instead moves Q along the manifold with the
+  same transform, a different route to the same constraint;
+- the objective is the W4A4 output error of ONE block's Linears that read the residual
+  stream: its attention inputs (q_proj, k_proj, v_proj) and MLP inputs (gate_proj, up_proj),
+  after RMSNorm with the norm's scale folded into the weights (:func:`course_lib.rotate.fold_norms`).
+  With the basis Q those Linears compute fq(n Q) fq(W Q)^T, where fq is per-token INT4 for
+  the activations and per-output-channel INT4 for the weights (or weights left in float,
+  ``w_bits=None``, as SpinQuant does before GPTQ), against the float n W^T: the relative
+  squared error, summed over the five Linears' outputs (:func:`block_quant_error`). The
+  rounding passes the gradient straight through (:func:`fake_quant_ste`);
+- the inputs n come from calibration text (:func:`capture_block_inputs`), the score from
+  held-out text, never the same tokens.
+
+SpinQuant trains one R1 for the whole model on the network's final loss; a rotation trained on
+one block fits that block's inputs and is a lesson-sized picture of the idea, not a
+replacement for the full run (the course's full-model figure comes from the rotation table's
+module command).
+
+    X = capture_block_inputs(model, calib_ids, layer=5)          # calibration tokens
+    W = block_weights(model, layer=5)
+    rot, history = train_rotation(X, W, steps=30, seed=0)         # from random_hadamard(576, 0)
+    Q = rot.matrix()                                              # (576, 576) float64, orthogonal
+    rotate.rotate_residual(rotate.fold_norms(model), Q)           # the same model, new basis
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from course_lib.hadamard import orthogonality_error, random_hadamard
+from course_lib.model import LlamaModel
+
+#: The five Linears of a block that read the (normalised) residual stream, by input.
+ATTN_READERS = ("q_proj", "k_proj", "v_proj")
+MLP_READERS = ("gate_proj", "up_proj")
+
+#: Tolerance on A + A^T for a matrix handed to :func:`cayley` as skew-symmetric (relative to
+#: the largest |A|, or absolute for a small A).
+SKEW_ATOL = 1e-6
+
+
+# ----------------------------------------------------------------------------- argument checks
+def _whole(name: str, v, lo: int, hi: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+        raise ValueError(f"{name} must be a whole number {rng}; got {v!r}")
+    return v
+
+
+def _bits(name: str, v, allow_none: bool = False):
+    if v is None and allow_none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not 2 <= v <= 8:
+        extra = " or None (kept in float)" if allow_none else ""
+        raise ValueError(f"{name} must be a whole number of bits in 2..8{extra}; got {v!r}")
+    return v
+
+
+def _float_matrix(name: str, t, square: bool = False) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point torch tensor; got "
+                        f"{getattr(t, 'dtype', type(t).__name__)}")
+    if t.dim() != 2 or (square and t.shape[0] != t.shape[1]):
+        want = "square (n, n)" if square else "2-D"
+        raise ValueError(f"{name} must be a {want} matrix; got shape {tuple(t.shape)}")
+    if t.numel() == 0:
+        raise ValueError(f"{name} is empty")
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} holds NaN or inf")
+    return t
+
+
+# ----------------------------------------------------------------------------- the Cayley map
+def skew(P: torch.Tensor) -> torch.Tensor:
+    """(P - P^T) / 2: the skew-symmetric part of a square matrix (lesson 16). A^T = -A."""
+    _float_matrix("P", P, square=True)
+    return (P - P.T) / 2
+
+
+def cayley(A: torch.Tensor) -> torch.Tensor:
+    """The Cayley transform (I - A)^-1 (I + A) of a skew-symmetric A, (n, n) (lesson 16).
+
+    Orthogonal for every skew-symmetric A (the eigenvalues of A are imaginary, so I - A is
+    always invertible, and (I - A)^-1 (I + A) maps the unit circle to itself), equal to I at
+    A = 0, and differentiable: gradients flow to A. Computed in A's dtype with one linear
+    solve. A that is not square, not finite or not skew-symmetric (|A + A^T| above
+    :data:`SKEW_ATOL` times max(1, max|A|)) raises ValueError; build one with :func:`skew`.
+    """
+    _float_matrix("A", A, square=True)
+    with torch.no_grad():
+        asym = float((A + A.T).abs().max())
+        size = max(1.0, float(A.abs().max()))
+    if asym > SKEW_ATOL * size:
+        raise ValueError(f"A must be skew-symmetric (A^T = -A) for its Cayley transform to be a "
+                         f"rotation: max |A + A^T| = {asym:.2e}. Take its skew-symmetric part "
+                         f"with spinquant.skew(P) = (P - P^T) / 2")
+    eye = torch.eye(A.shape[0], dtype=A.dtype, device=A.device)
+    return torch.linalg.solve(eye - A, eye + A)                        # (n, n)
+
+
+class LearnedRotation(nn.Module):
+    """Q = Q0 @ cayley(skew(P)): an orthogonal (n, n) whose parameter P is free (lesson 16).
+
+    Q0 = ``random_hadamard(n, seed)`` (the random Hadamard QuaRot uses) unless ``Q0`` is given
+    (any orthogonal (n, n), checked to 1e-5). P starts at zero, so Q starts at Q0 exactly.
+    ``forward()`` returns Q in P's dtype (float32: orthogonal to about 1e-6);
+    :meth:`matrix` recomputes it in float64 (orthogonal to about 1e-14), the form to fuse
+    into a model with :func:`course_lib.rotate.rotate_residual`.
+    """
+
+    def __init__(self, n: int, seed: int = 0, Q0: torch.Tensor | None = None):
+        super().__init__()
+        _whole("n", n, 1)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be a whole number (the random Hadamard's signs); "
+                             f"got {seed!r}")
+        if Q0 is None:
+            Q0 = random_hadamard(n, seed, torch.float64)
+        else:
+            _float_matrix("Q0", Q0, square=True)
+            if Q0.shape[0] != n:
+                raise ValueError(f"Q0 must be ({n}, {n}); got {tuple(Q0.shape)}")
+            err = orthogonality_error(Q0)
+            if err > 1e-5:
+                raise ValueError(f"Q0 is not orthogonal (max |Q0 Q0^T - I| = {err:.2e}): "
+                                 f"training would start from a matrix that changes the model. "
+                                 f"Use hadamard.random_hadamard(n, seed), or orthonormalise "
+                                 f"with torch.linalg.qr")
+            Q0 = Q0.detach().double()
+        self.n, self.seed = n, seed
+        self.register_buffer("Q0", Q0.float())                         # (n, n)
+        self.register_buffer("Q0_64", Q0.clone(), persistent=False)    # (n, n) float64
+        self.P = nn.Parameter(torch.zeros(n, n))                       # (n, n) free
+
+    def forward(self) -> torch.Tensor:
+        return self.Q0.to(self.P.dtype) @ cayley(skew(self.P))        # (n, n)
+
+    @torch.no_grad()
+    def matrix(self) -> torch.Tensor:
+        """Q in float64, detached: (n, n), orthogonal to rounding."""
+        return self.Q0_64 @ cayley(skew(self.P.detach().double()))
+
+    def extra_repr(self) -> str:
+        return f"n={self.n}, seed={self.seed}"
+
+
+# ----------------------------------------------------------------------------- fake quantization
+def fake_quant_ste(x: torch.Tensor, bits: int = 4) -> torch.Tensor:
+    """Symmetric absmax fake quantization along the last dim, gradient straight through
+    (lesson 16; lesson 15's STE).
+
+    Per row (a token of activations, an output channel of a weight): scale = max|x| / qmax
+    (qmax = 2^(bits-1) - 1, 7 at 4 bits; an all-zero row gets scale 1), x -> scale *
+    round(x / scale) (half to even, lesson 02). Nothing is clipped (absmax), so the backward
+    pass is the identity. x: (..., n) float; returns x's shape and dtype.
+    """
+    _bits("bits", bits)
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point torch tensor; got "
+                        f"{getattr(x, 'dtype', type(x).__name__)}")
+    qmax = 2 ** (bits - 1) - 1
+    with torch.no_grad():
+        scale = x.abs().amax(-1, keepdim=True) / qmax                   # (..., 1)
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = torch.round(x / scale) * scale                              # (..., n)
+    return x + (q - x).detach()                                         # value q, gradient 1
+
+
+def _check_parts(X, W) -> None:
+    for name, d in (("X", X), ("W", W)):
+        if not isinstance(d, dict) or set(d) != {"attn", "mlp"}:
+            raise ValueError(f"{name} must be a dict with keys 'attn' and 'mlp' (from "
+                             f"capture_block_inputs / block_weights); got "
+                             f"{sorted(d) if isinstance(d, dict) else type(d).__name__}")
+    for part in ("attn", "mlp"):
+        x, w = _float_matrix(f"X[{part!r}]", X[part]), _float_matrix(f"W[{part!r}]", W[part])
+        if x.shape[1] != w.shape[1]:
+            raise ValueError(f"X[{part!r}] {tuple(x.shape)} and W[{part!r}] {tuple(w.shape)} "
+                             f"must have the same number of columns (the hidden size)")
+
+
+def _error(Q, X, W, refs, a_bits, w_bits) -> torch.Tensor:
+    total = Q.new_zeros(())
+    for part in ("attn", "mlp"):
+        x, w = X[part].to(Q.dtype), W[part].to(Q.dtype)
+        xq = fake_quant_ste(x @ Q, a_bits)                              # (N, D) rotated tokens
+        wq = w @ Q if w_bits is None else fake_quant_ste(w @ Q, w_bits)  # (out, D)
+        ref = refs[part]                                                # (N, out) float output
+        total = total + (xq @ wq.T - ref).pow(2).sum() / ref.pow(2).sum()
+    return total
+
+
+def _refs(X, W, dtype) -> dict:
+    with torch.no_grad():
+        return {p: X[p].to(dtype) @ W[p].to(dtype).T for p in ("attn", "mlp")}  # (N, out)
+
+
+def block_quant_error(Q: torch.Tensor, X: dict, W: dict, a_bits: int = 4,
+                      w_bits: int | None = 4) -> torch.Tensor:
+    """The quantized block's relative output error in the basis Q, a 0-d tensor (lesson 16).
+
+    X: {"attn": (N, D), "mlp": (M, D)} normalised inputs (:func:`capture_block_inputs`);
+    W: {"attn": (out_a, D), "mlp": (out_m, D)} folded weights (:func:`block_weights`).
+    For each: ||fq_a(X Q) fq_w(W Q)^T - X W^T||^2 / ||X W^T||^2, summed over the two
+    (fq: :func:`fake_quant_ste`; ``w_bits=None`` keeps the weights in float).
+    Differentiable in Q (the rounding passes the gradient straight through). With Q = I it is
+    the unrotated block's error.
+    """
+    _float_matrix("Q", Q, square=True)
+    _bits("a_bits", a_bits)
+    _bits("w_bits", w_bits, allow_none=True)
+    _check_parts(X, W)
+    if X["attn"].shape[1] != Q.shape[0]:
+        raise ValueError(f"Q is {tuple(Q.shape)} but the inputs have {X['attn'].shape[1]} "
+                         f"columns: Q must be (hidden_size, hidden_size)")
+    return _error(Q, X, W, _refs(X, W, Q.dtype), a_bits, w_bits)
+
+
+# ----------------------------------------------------------------------------- one block's data
+def _check_layer(model, layer) -> int:
+    if not isinstance(model, LlamaModel):
+        raise TypeError(f"model must be a course LlamaModel (smollm.load() or "
+                        f"model.load_pretrained()); got {type(model).__name__}")
+    if getattr(model, "rotation_steps", None):
+        raise ValueError(f"this model is already rotated ({model.rotation_steps}): learn the "
+                         f"rotation on the original model, then fold and rotate a copy")
+    n = model.config.num_hidden_layers
+    return _whole("layer", layer, 0, n - 1)
+
+
+@torch.no_grad()
+def capture_block_inputs(model: LlamaModel, ids: torch.Tensor, layer: int,
+                         batch_size: int = 4) -> dict[str, torch.Tensor]:
+    """The normalised inputs of block ``layer``'s Linears on ``ids`` (lesson 16).
+
+    {"attn": (tokens, D), "mlp": (tokens, D)}: what input_layernorm and
+    post_attention_layernorm give with their scale folded away (x / rms(x), in float32, as
+    the model's RMSNorm computes it), i.e. what q/k/v and gate/up read once the norms are
+    folded. ids: (B, T) or (T,) token ids; use calibration text to train, held-out text to
+    score.
+    """
+    layer = _check_layer(model, layer)
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dtype == torch.bool:
+        raise TypeError(f"ids must be an integer tensor of token ids (B, T); got "
+                        f"{getattr(ids, 'dtype', type(ids).__name__)}")
+    if ids.numel() == 0:
+        raise ValueError("ids is empty: give the model some calibration tokens")
+    _whole("batch_size", batch_size, 1)
+    ids = ids[None] if ids.dim() == 1 else ids
+    block = model.model.layers[layer]
+    store: dict[str, list[torch.Tensor]] = {"attn": [], "mlp": []}
+
+    def grab(part):
+        def hook(norm, inputs, output):
+            x = inputs[0].float()                                       # (b, T, D)
+            n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)
+            store[part].append(n.reshape(-1, n.shape[-1]))
+        return hook
+
+    handles = [block.input_layernorm.register_forward_hook(grab("attn")),
+               block.post_attention_layernorm.register_forward_hook(grab("mlp"))]
+    try:
+        for i in range(0, ids.shape[0], batch_size):
+            model(ids[i:i + batch_size])
+    finally:
+        for h in handles:
+            h.remove()
+    return {k: torch.cat(v) for k, v in store.items()}                  # (tokens, D) each
+
+
+@torch.no_grad()
+def block_weights(model: LlamaModel, layer: int) -> dict[str, torch.Tensor]:
+    """Block ``layer``'s reader weights with the norm scales folded in, float32 (lesson 16).
+
+    {"attn": cat(q, k, v) diag(g_in), (q + 2 kv, D); "mlp": cat(gate, up) diag(g_post),
+    (2 F, D)}: the matrices :func:`course_lib.rotate.fold_norms` would leave there. The model
+    is not changed.
+    """
+    layer = _check_layer(model, layer)
+    block = model.model.layers[layer]
+    att, mlp = block.self_attn, block.mlp
+    for name in ATTN_READERS + MLP_READERS:
+        lin = getattr(att if name in ATTN_READERS else mlp, name)
+        if type(lin) is not nn.Linear:
+            raise TypeError(f"layer {layer}'s {name} is a {type(lin).__name__}, not a plain "
+                            f"nn.Linear: learn the rotation on the float model")
+    g_in = block.input_layernorm.weight.float()                         # (D,)
+    g_post = block.post_attention_layernorm.weight.float()              # (D,)
+    w_attn = torch.cat([getattr(att, n).weight.float() for n in ATTN_READERS]) * g_in
+    w_mlp = torch.cat([getattr(mlp, n).weight.float() for n in MLP_READERS]) * g_post
+    return {"attn": w_attn, "mlp": w_mlp}
+
+
+# ----------------------------------------------------------------------------- training
+def train_rotation(X: dict, W: dict, steps: int = 30, lr: float = 1e-4, seed: int = 0,
+                   a_bits: int = 4, w_bits: int | None = 4, Q0: torch.Tensor | None = None,
+                   progress: bool = False) -> tuple[LearnedRotation, list[float]]:
+    """Train Q = Q0 @ cayley(skew(P)) to lower :func:`block_quant_error` on X (lesson 16).
+
+    Adam on P for ``steps`` full-batch steps (X is a few hundred calibration tokens), its
+    learning rate decayed to 0 on a cosine; each step moves every entry of P by about ``lr``,
+    and 1e-4 is what held-out error liked on SmolLM2's block 5 (2e-3 made it worse than the
+    start). Starts at Q0 = random_hadamard(D, seed) (or ``Q0``). Returns the rotation and
+    the loss before each step, plus the loss after the last one (``steps + 1`` values). The
+    rotation stays orthogonal whatever the steps do (asserted in tests/test_spinquant.py).
+    """
+    _whole("steps", steps, 1)
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < 1:
+        raise ValueError(f"lr must be a number in (0, 1), e.g. 1e-4; got {lr!r}")
+    _bits("a_bits", a_bits)
+    _bits("w_bits", w_bits, allow_none=True)
+    _check_parts(X, W)
+    rot = LearnedRotation(X["attn"].shape[1], seed, Q0)
+    refs = _refs(X, W, torch.float32)
+    opt = torch.optim.Adam(rot.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+    history = []
+    it = range(steps)
+    if progress:
+        from tqdm.auto import tqdm
+        it = tqdm(it, desc="learning the rotation", leave=False)
+    for _ in it:
+        loss = _error(rot(), X, W, refs, a_bits, w_bits)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        history.append(float(loss.detach()))
+    with torch.no_grad():
+        history.append(float(_error(rot(), X, W, refs, a_bits, w_bits)))
+    if not all(math.isfinite(h) for h in history):
+        raise FloatingPointError(f"the loss became non-finite ({history[-3:]}); lower lr")
+    return rot, history
