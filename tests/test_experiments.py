@@ -29,11 +29,14 @@ MOVED = {
     "course_lib/kmix_table.py": {             # -> experiments/kmix_table.py
         "write_table", "_load_note", "_mix_counts", "main"},
     "course_lib/sensitivity.py": {"write", "main"},   # -> experiments/sensitivity_scan.py
+    "course_lib/rotation_table.py": {                  # -> experiments/rotation_table.py
+        "write_table", "_general_case", "_protocol_record", "_write", "main", "COMMAND"},
     "course_lib/qat.py": {                    # experiments/qat_tables.py, moved whole
         "write_bundled", "write_smollm2", "rerun_exports", "export_check", "main"},
 }
 WRITERS = {"methods_table": "methods_table.py", "kmix_table": "kmix_table.py",
-           "sensitivity_scan": "sensitivity_scan.py", "qat_tables": "qat_tables.py"}
+           "sensitivity_scan": "sensitivity_scan.py", "qat_tables": "qat_tables.py",
+           "rotation_table": "rotation_table.py"}
 #: the old commands; results/ is not searched (see the module docstring)
 OLD_COMMAND = re.compile(
     r"-m\s+course_lib\.(?:methods\.table|kmix_table|qat_tables|sensitivity)\b"

@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("3 methods and the KV cache", (
         "course_lib.methods", "course_lib.kv", "course_lib.export",
         "course_lib.sensitivity", "course_lib.kmix_table",   # lesson 14
+        "course_lib.rotation_table",   # lesson 16
         "course_lib.qat")),   # lesson 15
     ("4 timing and kernels", (
         "course_lib.bandwidth", "course_lib.bench", "kernels")),

@@ -119,6 +119,7 @@ WRITERS = {
     "kernels/decode_attention.py": ["main"],
     "course_lib/experiments/sensitivity_scan.py": ["write"],   # lesson 14
     "course_lib/experiments/kmix_table.py": ["write_table"],   # lesson 14
+    "course_lib/experiments/rotation_table.py": ["write_table"],   # lesson 16
 }
 # modules that write JSON and mention results/ but write no results file
 NOT_WRITERS = {
