@@ -614,12 +614,11 @@ def blockwise_qat(model: nn.Module, ids: torch.Tensor, bits: int, group_size: in
 #: the pretrained checkpoint on random windows of the training split, distilling the float
 #: model's next-byte distributions (LLM-QAT's loss), scored on the held-out text against the
 #: float model; RTN and GPTQ (lesson 06's calibration) on the same grid. SmolLM2: block by
-#: block on calibration windows of the reference text, scored on the lesson 04 protocol.
-#: SmolLM2's text protocol (course_lib.smollm.PROTOCOLS). "v1" while results/qat_smollm2.json
-#: (and the slice lesson 15 recomputes) is the first split's; set it to "clean" and rerun
-#: ``python -m course_lib.experiments.qat_tables --model smollm2`` (it refuses until the
-#: methods table it copies rows from is on the same protocol).
-PROTOCOL = "v1"
+#: block on calibration windows of the clean protocol's calibration text, scored on its
+#: evaluation text (course_lib.smollm.PROTOCOLS: the two share no 50-character run).
+#: ``python -m course_lib.experiments.qat_tables --model smollm2`` writes results/qat_smollm2.json
+#: (it refuses until the methods table it copies rows from is on the same protocol).
+PROTOCOL = "clean"
 SETTINGS = {
     "bundled": {"group_size": 32, "bits": (4, 3, 2, "ternary"), "steps": 200, "batch": 8,
                 "ctx": 128, "lr": 1e-4, "scale_lr": None, "eval_windows": 32, "eval_window": 256,
