@@ -95,10 +95,11 @@ declare -A GROUP=(
   [launch]="tests/test_kernels_one_launch.py"
   [w8a8]="tests/test_kernels_w8a8_int8.py tests/test_kernels_fp8.py"
   [attention]="tests/test_kernels_decode_attention.py"
+  [rotation]="tests/test_kernels_hadamard_quant.py"
   [configs]="tests/test_kernels_configs.py tests/test_kernels_autotune.py"
   [bench]="tests/test_bench.py tests/test_bench_lessons0910.py tests/test_bandwidth.py tests/test_device.py tests/test_hardware.py tests/test_validate_guide.py"
 )
-ORDER="w4a16 w8a16 launch w8a8 attention bench configs"
+ORDER="w4a16 w8a16 launch w8a8 attention rotation bench configs"
 
 if [ "$PART" = tests ]; then
   if ! has pytest; then echo "-- pytest is not installed for $PY: tests skipped"; exit 1; fi

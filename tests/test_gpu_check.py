@@ -72,7 +72,7 @@ def test_tests_part_writes_its_evidence_under_out(tmp_path):
     assert (out / "tests.log").exists() and not list(out.glob("*.xml"))       # folded in
     assert "-- summary" in proc.stdout and proc.stdout.rstrip().endswith("evidence for lessons 09-11's claims)")
     # every group ran after the failure (no stop at the first), natively, autotuning off
-    assert calls.count("-m pytest") == 7
+    assert calls.count("-m pytest") == 8
     assert "--junitxml" in calls and " -x" not in calls
 
 
