@@ -49,7 +49,7 @@ class ModelConfig:
     attention_bias: bool = False
     mlp_bias: bool = False
     head_dim: int | None = None        # hd; None means hidden_size // num_attention_heads
-    # Additions for the learner's own checkpoint (course_lib.own_model, issue 41); the defaults
+    # Additions for the learner's own checkpoint (course_lib.own_model, lesson 17); the defaults
     # are the Llama model the lessons teach, so every existing model is unchanged by them.
     qkv_bias: bool = False             # biases on q, k, v only, none on o (Qwen2 / Qwen2.5)
     qk_norm: bool = False              # an RMSNorm over each head's hd values of q and k (Qwen3)

@@ -1,5 +1,5 @@
 """Your own model: a Hugging Face checkpoint folder from your disk, checked, priced and loaded
-lazily into the course's decoder (issue 41; the capstone lesson builds on it).
+lazily into the course's decoder (lesson 17, the capstone, builds on it).
 
 A checkpoint folder holds ``config.json``, the weights as one ``model.safetensors`` or as shards
 listed in ``model.safetensors.index.json``, and usually a ``tokenizer.json``. The architectures
@@ -120,8 +120,8 @@ def _config_path(source) -> Path:
         found = sorted(q.name for q in p.iterdir())[:8]
         hint = ""
         if any(n.endswith(".gguf") for n in found):
-            hint = (" It holds a .gguf file: reading GGUF into this loader is not built yet "
-                    "(issue 41); course_lib.gguf_model reads SmolLM2's.")
+            hint = (" It holds a .gguf file: reading GGUF into this loader is not built yet; "
+                    "course_lib.gguf_model reads SmolLM2's.")
         raise FileNotFoundError(f"{path} is missing: a checkpoint folder needs config.json next "
                                 f"to its *.safetensors files (the folder holds {found}).{hint}")
     return path
