@@ -277,6 +277,9 @@ def test_compile_jobs_are_registered_and_well_formed():
 def test_compiles_for_turing_ampere_ada_hopper_without_spills():
     """Triton's own ptxas compiles the default jobs for sm_75/80/89/90 (no GPU needed): every
     one fits the architecture's shared memory, with no register spills."""
+    import kernels
+    if not kernels.TRITON:
+        pytest.skip("Triton is not installed here (or COURSE_NO_TRITON=1 blocks it)")
     code = ("import json\nfrom kernels import compile_check as cc\n"
             "bad, recs = cc.check([75, 80, 89, 90], report=True, only=['hadamard_quant'], "
             "log=lambda *a: None)\nprint('JSON' + json.dumps([bad, recs], default=str))\n")
