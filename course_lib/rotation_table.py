@@ -6,8 +6,8 @@ and with the rotation (lesson 16).
     python -m course_lib.experiments.rotation_table --model smollm2 --resume # rows still missing
     python -m course_lib.experiments.rotation_table --model smollm2 --windows 1 --out /tmp/s.json
 
-write ``results/rotation_<model>.json`` (the command lives in ``course_lib/experiments/``,
-issue 39; this module holds the rows, how each is built and scored, the live slice and the
+write ``results/rotation_<model>.json`` (the command lives in ``course_lib/experiments/``
+with the course's other writers; this module holds the rows, how each is built and scored, the live slice and the
 reader). The rotation is :func:`course_lib.rotate.quarot`
 (seed 0): the norms folded, R1 = a random Hadamard of the hidden size fused into the weights,
 R2 per head into v_proj and o_proj, R4 online on down_proj's input, R3 online on the queries
