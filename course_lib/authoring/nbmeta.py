@@ -14,7 +14,10 @@ Slides (``jupyter nbconvert --to slides``; every notebook):
   is split in two there first);
 - a ``### `` heading, or a markdown cell that follows a code cell, starts a sub-slide (the
   section's steps stack vertically: text, then its code and output);
-- plumbing is skipped: cells of imports only, and the device summary (first code cell);
+- plumbing is skipped: cells of imports only, the device summary (first code cell), and the
+  hosted-notebook setup cell every lesson opens with (tag ``course-setup``, written by
+  ``course_lib.authoring.hosted``; it does not count as the first code cell) with any
+  markdown cell tagged the same (lesson 00's note on it);
 - everything else continues the slide it is in.
 
 nbgrader (solution notebooks only; ``exercises/`` inherits it through ``course_lib.authoring.exercises``):
@@ -40,6 +43,7 @@ from course_lib.authoring.exercises import BEGIN, END, ROOT, dumps
 SECTION = re.compile(r"^#{1,2} ")   # a slide
 SUBSECTION = re.compile(r"^### ")   # a sub-slide
 FENCE = re.compile(r"^\s*(```|~~~)")
+SETUP_TAG = "course-setup"          # course_lib.authoring.hosted's cell
 SCHEMA_VERSION = 3
 POINTS_PER_EXERCISE = 1
 
@@ -182,7 +186,9 @@ def slide_types(cells: list[dict]) -> list[str]:
     types, previous, seen_code = [], None, False
     for cell in cells:
         text = _source(cell).lstrip("\n")
-        if cell["cell_type"] == "code":
+        if SETUP_TAG in cell.get("metadata", {}).get("tags", []):
+            kind = "skip"
+        elif cell["cell_type"] == "code":
             kind = "skip" if is_plumbing(cell, first_code=not seen_code) else "-"
             seen_code = True
         elif cell["cell_type"] != "markdown":

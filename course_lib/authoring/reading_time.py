@@ -265,7 +265,7 @@ def solution_exercises(path: Path) -> tuple[int, int]:
     if not path.exists():
         return 0, 0
     ids, lines = set(), 0
-    for c in _cells(path):
+    for c in _taught(_cells(path)):
         lines += solution_code_lines(c)
         if c["cell_type"] == "code":
             ids |= set(re.findall(r'check\(\s*"(\d{2}\.[A-Za-z0-9_]+)"', _source(c)))
@@ -292,7 +292,17 @@ def exercise_time(stem: str, root: Path = ROOT) -> LessonTime:
     return _time_of(make_exercise(json.loads(path.read_text()))["cells"], stem, root)
 
 
+#: Cells tagged so are the hosted-runtime setup (course_lib.authoring.hosted): a no-op in a
+#: clone, never read by the learner, so they count neither as reading nor as code.
+SETUP_TAG = "course-setup"
+
+
+def _taught(cells: list[dict]) -> list[dict]:
+    return [c for c in cells if SETUP_TAG not in c.get("metadata", {}).get("tags", [])]
+
+
 def _time_of(cells: list[dict], stem: str, root: Path) -> LessonTime:
+    cells = _taught(cells)
     src, unresolved = printed_source_lines(cells, root)
     n_ex, sol_lines = solution_exercises(root / "solutions" / f"{stem}.ipynb")
     return LessonTime(stem, markdown_words(cells), code_lines(cells), src, unresolved, n_ex,
