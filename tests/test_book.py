@@ -60,3 +60,16 @@ def test_contents_page_links_every_page_and_its_sections(built):
 def test_refuses_an_unknown_notebook():
     with pytest.raises(ValueError, match="no notebook starts with"):
         book.select(["99"], solutions=False)
+
+
+def test_no_solutions_leaves_the_solved_exercises_out(monkeypatch, tmp_path):
+    """`--no-solutions` (`make book` passes what BOOK_ARGS holds): lessons only, no page of
+    solutions/ for a book handed to learners."""
+    assert all(p.parent.name == "notebooks" for p in book.select(None, solutions=False))
+    assert any(p.parent.name == "solutions" for p in book.select(None, solutions=True))
+    calls = []
+    monkeypatch.setattr(book, "build", lambda out, only, solutions, timeout_s: calls.append(
+        (out, only, solutions)))
+    assert book.main(["--no-solutions", "--out", str(tmp_path)]) == 0
+    assert book.main(["--only", "00", "--out", str(tmp_path)]) == 0
+    assert calls == [(tmp_path, None, False), (tmp_path, ["00"], True)]

@@ -4,6 +4,10 @@
 code is left, and each release holds exactly exercises/' cells. `nbgrader autograde` scores the
 solved notebook full marks and the unsolved release zero, for a representative subset of the
 lessons (all of them with COURSE_NBGRADER_ALL=1; see AUTOGRADED for why not by default).
+
+The same holds in a plain nbgrader course, with nbgrader's defaults and none of the course's
+config (no COURSE_CHECKS=grading): a blank submission scores 0, a solved one full marks
+(check() is strict whenever nbgrader runs a notebook).
 """
 import json
 import os
@@ -30,9 +34,10 @@ AUTOGRADED = LESSONS if os.environ.get("COURSE_NBGRADER_ALL") else [
     n for n in LESSONS if n[:2] in ("01", "02", "09")]
 
 
-def nbgrader(course: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+def nbgrader(course: Path, *args: str, timeout: int = 900,
+             env_extra: dict | None = None) -> subprocess.CompletedProcess:
     """Run the nbgrader command line in the course folder, as an instructor would."""
-    env = dict(os.environ)
+    env = dict(os.environ, **(env_extra or {}))
     # nbgrader runs `alembic` (its database migrations) from the environment's bin folder
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     # this checkout's course_lib, for nbgrader_config.py and for the kernels it starts
@@ -117,3 +122,49 @@ def test_autograde_solved_full_marks_unsolved_zero(graded, name):
         (g.name, g.auto_score) for g in solved.notebooks[0].grades if g.auto_score != g.max_score]
     assert unsolved.score == 0 and not unsolved.needs_manual_grade
     assert all(g.auto_score == 0 for g in unsolved.notebooks[0].grades)
+
+
+# ---- a plain nbgrader course: nbgrader's own defaults, not the course's config -----------------
+
+PLAIN = "02_absmax_and_zero_points"
+
+
+@pytest.fixture(scope="module")
+def plain_course(tmp_path_factory):
+    """An nbgrader course as an instructor would make one by hand: the solution notebook under
+    source/, no nbgrader_config.py (nor any in the user's Jupyter config folder), so nbgrader's
+    own ClearSolutions writes the release and nothing sets COURSE_CHECKS=grading."""
+    course = tmp_path_factory.mktemp("plain_nbgrader")
+    empty_config = tmp_path_factory.mktemp("empty_jupyter_config")
+    env = {"JUPYTER_CONFIG_DIR": str(empty_config), "COURSE_CHECKS": "learner"}
+    (course / "source" / PLAIN).mkdir(parents=True)
+    shutil.copyfile(ROOT / "solutions" / f"{PLAIN}.ipynb", course / "source" / PLAIN / f"{PLAIN}.ipynb")
+    nbgrader(course, "generate_assignment", PLAIN, "--force", env_extra=env)
+    assert not (course / "nbgrader_config.py").exists()
+    for student, folder in (("blank", "release"), ("solved", "source")):
+        dest = course / "submitted" / student / PLAIN
+        dest.mkdir(parents=True)
+        shutil.copyfile(course / folder / PLAIN / f"{PLAIN}.ipynb", dest / f"{PLAIN}.ipynb")
+    # (the one setting given: a cell may run 10 minutes, not 30 s, on a loaded 2-core machine)
+    nbgrader(course, "autograde", PLAIN, "--force", "--Execute.timeout=600", env_extra=env)
+    gb = Gradebook(f"sqlite:///{course / 'gradebook.db'}")
+    yield course, {s: gb.find_submission(PLAIN, s) for s in ("blank", "solved")}
+    gb.close()
+
+
+@pytest.mark.timeout(1800)
+def test_plain_nbgrader_scores_a_blank_zero_and_a_solved_notebook_full(plain_course):
+    course, scores = plain_course
+    release = (course / "release" / PLAIN / f"{PLAIN}.ipynb").read_text()
+    assert "raise NotImplementedError()" in release and "BEGIN SOLUTION" not in release  # nbgrader's stub
+    n_exercises = sum(1 for c in _cells(ROOT / "solutions" / f"{PLAIN}.ipynb")
+                      if c["metadata"]["nbgrader"]["grade"])
+    blank, solved = scores["blank"], scores["solved"]
+    assert blank.max_score == solved.max_score == n_exercises >= 4
+    assert blank.score == 0 and all(g.auto_score == 0 for g in blank.notebooks[0].grades)
+    assert solved.score == n_exercises and not solved.needs_manual_grade
+    # the blank's test cells failed with check()'s own message, not by accident
+    graded = _cells(course / "autograded" / "blank" / PLAIN / f"{PLAIN}.ipynb")
+    errors = [o for c in graded if c.get("outputs") for o in c["outputs"]
+              if o.get("output_type") == "error" and c["metadata"].get("nbgrader", {}).get("grade")]
+    assert len(errors) == n_exercises and all("not yet implemented" in e["evalue"] for e in errors)

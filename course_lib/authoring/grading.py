@@ -20,13 +20,27 @@ lesson's solution notebook (``solutions/``, stamped with nbgrader's cell metadat
 
 nbgrader runs ``alembic`` from the environment's ``bin`` folder: activate the environment
 (``source .venv/bin/activate``) before calling ``nbgrader``.
+
+A blank submission scores 0 in any nbgrader course, this config or none: ``check(...)`` is strict
+whenever nbgrader runs a notebook (``course_lib.checks``: nbgrader sets ``NBGRADER_EXECUTION``).
+
+The learners' copy of the course, without the solutions:
+
+    python -m course_lib.authoring.grading release DIR     # the course minus RELEASE_EXCLUDES
+
+copies the course's files (those git tracks, and new files git does not ignore; no ``.venv``,
+model or progress file) except ``solutions/`` and what reads it (``tests/``, ``.ci/``), and
+writes ``DIR/.course-release`` saying what it is (``--force`` replaces an earlier release).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from nbgrader.converters import GenerateAssignment
@@ -114,8 +128,98 @@ class ClearSolutionsKeepHints(ClearSolutions):
         return True
 
 
+# What a learner's copy leaves out: the solved exercises, and what exists to test them (the
+# course's test suite and CI read solutions/, so they would fail in a copy without it).
+RELEASE_EXCLUDES = ("solutions/", "tests/", ".ci/")
+# Where git is not there to say what the course's files are: what .gitignore lists, and .git
+_NOT_COURSE = {".git", ".venv", "models", "data", "rendered", "build", "third_party",
+               "__pycache__", ".pytest_cache", ".ipynb_checkpoints", ".progress.json"}
+MARKER = ".course-release"
+
+
+def course_files(root: Path = ROOT) -> list[str]:
+    """The course's files, relative to ``root``: what git tracks and the new files it does not
+    ignore (``git ls-files --cached --others --exclude-standard``), present on disk; without
+    git, every file outside ``_NOT_COURSE`` and ``*.egg-info``."""
+    root = Path(root)
+    if (root / ".git").exists() and shutil.which("git"):
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                             cwd=root, capture_output=True, text=True, check=True).stdout
+        names = sorted({n for n in out.split("\0") if n})
+    else:
+        names = sorted(
+            str(p.relative_to(root)) for p in root.rglob("*")
+            if p.is_file() and not any(part in _NOT_COURSE or part.endswith(".egg-info")
+                                       for part in p.relative_to(root).parts))
+    return [n for n in names if (root / n).is_file() and not (root / n).is_symlink()]
+
+
+def release(dest: str | Path, root: Path = ROOT, force: bool = False) -> dict:
+    """Write the learners' copy of the course into ``dest``: every course file except
+    ``RELEASE_EXCLUDES`` (no solutions). Returns what ``dest/.course-release`` records.
+
+    ``dest`` must be outside the course folder, and new or empty, or (``force``) an earlier
+    release, which is replaced."""
+    if not isinstance(dest, (str, os.PathLike)) or not str(dest).strip():
+        raise ValueError(f"the release folder must be a path (str or Path), got {dest!r}")
+    root, dest = Path(root).resolve(), Path(dest).expanduser().resolve()
+    lessons(root)                                     # a course folder, with its solutions/
+    if dest == root or root in dest.parents or dest in root.parents:
+        raise ValueError(f"write the release outside the course folder ({root}), not at "
+                         f"{dest}: a copy inside it would travel with the course")
+    if dest.exists() and not dest.is_dir():
+        raise ValueError(f"{dest} is a file; give a folder for the release")
+    if dest.is_dir() and any(dest.iterdir()):
+        if not (dest / MARKER).is_file():
+            raise ValueError(f"{dest} is not empty and holds no earlier release ({MARKER}); "
+                             f"give a new or empty folder")
+        if not force:
+            raise ValueError(f"{dest} holds an earlier release; pass --force to replace it")
+        shutil.rmtree(dest)
+    files = course_files(root)
+    kept = [f for f in files if not f.startswith(RELEASE_EXCLUDES)]
+    for name in kept:
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, target)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                                text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    record = {"from": str(root), "commit": commit,
+              "made": time.strftime("%Y-%m-%d %H:%M", time.localtime()),
+              "files": len(kept), "left_out": list(RELEASE_EXCLUDES),
+              "left_out_files": len(files) - len(kept)}
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / MARKER).write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def release_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib.authoring.grading release",
+        description="Write the learners' copy of the course: no solutions/ (nor tests/, .ci/).")
+    parser.add_argument("dest", help="a new or empty folder outside the course folder")
+    parser.add_argument("--force", action="store_true", help="replace an earlier release there")
+    args = parser.parse_args(argv)
+    try:
+        record = release(args.dest, force=args.force)
+    except ValueError as err:
+        parser.error(str(err))
+    print(f"{args.dest}: {record['files']} files; left out: {', '.join(record['left_out'])} "
+          f"({record['left_out_files']} files)")
+    print("not in it: .venv, the converted model (make setup makes both), progress files")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Make an nbgrader course folder from solutions/.")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["release"]:
+        return release_main(argv[1:])
+    parser = argparse.ArgumentParser(
+        description="Make an nbgrader course folder from solutions/ (or: release DIR, the "
+                    "learners' copy of the course without solutions/).")
     parser.add_argument("course_dir", help="folder to create or update")
     parser.add_argument("lessons", nargs="*", help="lesson numbers or names (default: all)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell when grading")

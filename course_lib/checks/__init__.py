@@ -24,13 +24,22 @@ raises ``NotImplementedError`` (an unsolved exercise) it prints "not yet impleme
 does not raise, so unsolved notebooks still run top to bottom.
 
 A check that passes in learner mode is recorded for ``course_lib.progress()`` (which
-exercises this learner has passed) in ``course_lib.learner_progress``, a module below this one:
+exercises this learner has passed; not in the course's solutions notebooks, whose passes are
+not the learner's) in ``course_lib.learner_progress``, a module below this one:
 it keeps the file and draws the table from the titles it is given, and never imports the checks.
 
 The environment variable ``COURSE_CHECKS`` makes checks strict for CI:
 ``learner`` (default) never raises; ``exercises`` raises on a wrong answer but not on an
 unsolved one; ``solutions`` raises unless the answer passes; ``grading`` (nbgrader's
 autograder) raises unless the answer passes, so an unsolved exercise scores zero.
+
+Under nbgrader the mode is ``grading`` whatever ``COURSE_CHECKS`` says: nbgrader sets
+``NBGRADER_EXECUTION`` (to ``autograde`` or ``validate``) while it runs a notebook, and its
+kernels inherit it (nbgrader 0.9.6, ``converters/autograde.py`` and ``validator.py``; its FAQ,
+https://nbgrader.readthedocs.io/en/stable/user_guide/faq.html, "Can I modify the notebook
+behavior during autograding or validation?"). So a blank submission scores 0 in any nbgrader
+course, the course's generated config or nbgrader's defaults; a kernel exercise that cannot
+run there (no Triton on the grading machine) fails too, saying why, instead of being skipped.
 """
 from __future__ import annotations
 
@@ -450,10 +459,17 @@ class CheckResult:
         return f"CheckResult({self.exercise_id!r}, {self.status!r}, {self.passed}/{self.total})"
 
 
+NBGRADER_ENV = "NBGRADER_EXECUTION"   # set by nbgrader while it autogrades or validates
+
+
 def _mode() -> str:
+    """The checks' mode: ``COURSE_CHECKS`` (``learner`` by default), or ``grading`` whenever
+    nbgrader runs the notebook (see the module's docstring)."""
     mode = os.environ.get("COURSE_CHECKS", "learner")
     if mode not in ("learner", "exercises", "solutions", "grading"):
         raise ValueError(f"COURSE_CHECKS={mode!r}: use learner, exercises, solutions or grading")
+    if os.environ.get(NBGRADER_ENV):
+        return "grading"
     return mode
 
 
@@ -547,6 +563,9 @@ def check(exercise_id: str, fn: Callable, quiet: bool = False) -> CheckResult:
             if missing:          # a kernel exercise where Triton is not installed: say why
                 report = f"{exercise_id} ({ex.title}): skipped, {missing}"
                 say(report)
+                if _mode() == "grading":      # no pass without a run: grade where Triton runs
+                    raise AssertionError(f"{report}; this exercise cannot be graded on this "
+                                         f"machine (install Triton, or grade on Linux)")
                 return CheckResult(exercise_id, "skipped", 0, len(cases), report)
             if case.raises is not None and isinstance(err, case.raises):
                 problem = changed_inputs(fn, before, (args, kwargs), ex.mutates, ex.reference)
@@ -620,7 +639,12 @@ def _triton_missing(err: BaseException) -> str:
 
 def _record_pass(exercise_id: str, cases: int) -> None:
     """Note a pass in the learner's progress file (``course_lib.progress()``); a file that
-    cannot be written costs the learner nothing but a note."""
+    cannot be written costs the learner nothing but a note. A pass in the course's solutions
+    notebook is the course's answer, not the learner's: it is not recorded."""
+    if learner_progress.solutions_notebook():
+        print("(not counted in your progress: this is the solutions notebook; your own "
+              "exercises/ notebook counts)")
+        return
     try:
         learner_progress.record_pass(exercise_id, cases)
     except (OSError, ValueError) as err:
