@@ -1,6 +1,8 @@
 # Quantization, Hands On: two commands.
 #   make lab    set up .venv (once) and open the course in JupyterLab at lesson 00
 #   make test   set up .venv (once) and run every test (unit tests + nbval over all notebooks)
+# Python 3.11 or newer creates .venv; where `python3` is older (macOS's own can be 3.9), name one:
+#   PYTHON=python3.11 make lab
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -8,11 +10,21 @@ STAMP  := $(VENV)/.installed
 # JupyterLab refuses to run as root without --allow-root (containers, cloud boxes).
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test test-dispatch test-no-triton exercises render book notebook-times model bench engine gpu-bundle clean-venv
+.PHONY: setup lab test test-dispatch test-no-triton exercises render book notebook-times model bench engine gpu-bundle clean-venv \
+	python-check preflight slides image image-cuda
 
 setup: $(STAMP)
 
+# The version check runs only when .venv is about to be created (an existing .venv keeps its Python).
+python-check:
+	@v=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null); \
+	case "$$v" in 3.1[1-9]|3.[2-9][0-9]|[4-9].*) echo "Python $$v ($(PYTHON)): ok" ;; \
+	*) echo "The course needs Python 3.11 or newer; '$(PYTHON)' is $${v:-not found}."; \
+	   echo "Install Python 3.11+ (python.org; Homebrew: brew install python@3.11; apt: python3.11-venv), then: PYTHON=python3.11 make lab"; \
+	   exit 1 ;; esac
+
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
+	test -x $(PY) || $(MAKE) --no-print-directory python-check PYTHON="$(PYTHON)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -r requirements.txt
 	$(PY) -m pip install --no-deps -r requirements-nodeps.txt
@@ -56,9 +68,53 @@ NO_TRITON_TESTS := $(wildcard tests/test_kernels_*.py) tests/test_ptx_interp.py 
 test-no-triton: setup
 	COURSE_NO_TRITON=1 $(PY) -m pytest -rs $(PYTEST_ARGS) $(NO_TRITON_TESTS)
 
-# Stamp slide and nbgrader metadata (idempotent), then regenerate exercises/ from solutions/,
+# The pre-workshop check: PASS/WARN/FAIL lines (Python, setup, packages, torch and its build,
+# SmolLM2 loaded, Triton, the engine, memory against the lessons' measured peak, disk) and the
+# machine's details, in seconds; exit code 1 when something blocks the day. --json for a report.
+preflight: setup
+	$(PY) -m course_lib.preflight $(PREFLIGHT_ARGS)
+
+# Slide decks of the lessons, executed, with reveal.js bundled (offline), into rendered/slides/
+# (not committed); SLIDES_ARGS="00 09" for some lessons, "--out DIR" elsewhere
+# (course_lib.authoring.slides).
+slides: setup
+	$(PY) -m course_lib.authoring.slides $(SLIDES_ARGS)
+
+# The server image (docs/server.md): CPU torch, the course, SmolLM2 converted, the engine, built by
+# tools/install_course.sh. The build context (build/image-context/) is course/, the repository's
+# files as git lists them (tracked and untracked, not ignored: no .venv, no models/), and
+# wheelhouse/, the wheels of the folder IMAGE_WHEELS names (the offline kit, torch's CPU wheel,
+# the engine's wheel), which the build installs first. BASE_IMAGE: a Debian or Ubuntu image with
+# Python 3.11+ (default python:3.11-slim-bookworm). For image-cuda, IMAGE_WHEELS must not hold
+# torch's CPU wheel (pip would prefer it).
+IMAGE       ?= quant-course:cpu
+IMAGE_CUDA  ?= quant-course:cuda
+IMAGE_WHEELS ?=
+DOCKER      ?= docker
+# IMAGE_OFFLINE=1: the build installs from IMAGE_WHEELS alone (no package index).
+# HUB_PACKAGES="jupyterhub==<the hub's version> nbgitpuller": what a JupyterHub needs in the image.
+IMAGE_ARGS   = $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE),) $(if $(filter 1,$(IMAGE_OFFLINE)),--build-arg OFFLINE=1,) \
+	$(if $(HUB_PACKAGES),--build-arg HUB_PACKAGES="$(HUB_PACKAGES)",)
+define image_context
+	rm -rf build/image-context && mkdir -p build/image-context/course build/image-context/wheelhouse
+	git ls-files -z --cached --others --exclude-standard \
+	  | xargs -0 sh -c 'for f; do [ -e "$$f" ] && printf "%s\0" "$$f"; done' sh \
+	  | tar --null -T - -cf - | tar -xf - -C build/image-context/course
+	$(if $(IMAGE_WHEELS),cp $(IMAGE_WHEELS)/*.whl build/image-context/wheelhouse/,)
+	du -sh build/image-context/course build/image-context/wheelhouse
+endef
+image:
+	$(image_context)
+	$(DOCKER) build -f build/image-context/course/docker/Dockerfile -t $(IMAGE) $(IMAGE_ARGS) build/image-context
+image-cuda:
+	$(image_context)
+	$(DOCKER) build -f build/image-context/course/docker/Dockerfile.cuda -t $(IMAGE_CUDA) $(IMAGE_ARGS) build/image-context
+
+# Write every lesson's hosted-runtime setup cell and stamp slide and nbgrader metadata (both
+# idempotent), then regenerate exercises/ from solutions/,
 # then the README's and docs/instructors.md's generated tables (CI fails when any is out of date).
 exercises: setup
+	$(PY) -m course_lib.authoring.hosted
 	$(PY) -m course_lib.authoring.nbmeta
 	$(PY) -m course_lib.authoring.exercises
 	$(PY) -m course_lib.authoring.workshop doc
@@ -68,9 +124,10 @@ render: setup
 	$(PY) -m course_lib.authoring.render
 
 # Build the course as a static HTML book (every notebook executed on CPU, with a contents page)
-# into rendered/book/ (not committed): open rendered/book/index.html.
+# into rendered/book/ (not committed): open rendered/book/index.html. BOOK_ARGS=--no-solutions
+# leaves the solutions out (a book for learners).
 book: setup
-	$(PY) -m course_lib.authoring.book
+	$(PY) -m course_lib.authoring.book $(BOOK_ARGS)
 
 # Time every notebook in a test run (nbval, one torch thread) and rewrite the run-time tables
 # of README.md and docs/instructors.md from results/notebook_times.json.

@@ -301,6 +301,8 @@ def test_a_lesson_alone_in_an_empty_folder_sets_itself_up(tmp_path, monkeypatch)
                            if c.cell_type == "code" for o in c.outputs)
     assert record["errors"] == 0
     record["total_seconds"] = round(time.perf_counter() - t0, 1)
+    from course_lib import device
+    record["machine"] = device.machine_record()
     out = ROOT / "tests" / "output"
     out.mkdir(parents=True, exist_ok=True)
     (out / "hosted_check.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -36,7 +36,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "course_lib.kmix", "course_lib.imatrix",   # lesson 14
         "course_lib.train", "course_lib.validate", "course_lib.hardware",
         "course_lib.rotate", "course_lib.spinquant",   # lesson 16
-        "course_lib.own_model")),   # lesson 17
+        "course_lib.own_model",   # lesson 17
+        "course_lib.preflight")),   # the pre-workshop check (make preflight)
     ("3 methods and the KV cache", (
         "course_lib.methods", "course_lib.kv", "course_lib.export",
         "course_lib.sensitivity", "course_lib.kmix_table",   # lesson 14

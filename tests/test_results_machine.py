@@ -124,6 +124,8 @@ WRITERS = {
 # modules that write JSON and mention results/ but write no results file
 NOT_WRITERS = {
     "course_lib/authoring/exercises.py": "writes notebooks",
+    "course_lib/preflight.py": "prints its report (--json) to stdout; only reads "
+                               "results/lesson_memory.json",
     "course_lib/authoring/notebook_timer.py": "writes the timer's log lines; workshop.py turns "
                                               "them into results/notebook_times.json",
 }

@@ -283,7 +283,7 @@ AGENDAS: dict[str, list[tuple]] = {
         ("lesson", "00_the_bill", ["00.weight_gb", "00.decode_floor_ms"]),
         ("lesson", "01_number_formats", ["01.bf16_bits"]),
         ("lesson", "02_absmax_and_zero_points", ["02.absmax_quantize", "02.dequantize"]),
-        ("break", "break (lesson 04 peaks at about 3.4 GiB: on 8 GB laptops start its Run All now, a few at a time; on a shared server stagger it by rows)", 15),
+        ("break", "break (lesson 04 peaks at about 4 GiB: on 8 GB laptops start its Run All now, a few at a time; on a shared server stagger it by rows)", 15),
         ("lesson", "03_outliers_and_block_scales", ["03.groupwise_quantize", "03.remove_outliers"]),
         ("lesson", "04_a_real_model", ["04.kl_top1"]),
         ("fixed", "Wrap-up: what GPTQ, AWQ and W8A8 add (lessons 06-08 as a demo), lesson 12's "
