@@ -295,7 +295,7 @@ def vllm_command(folder: str | Path) -> str:
     return f"vllm serve {folder} --dtype bfloat16 --max-model-len 256"
 
 
-# ============================================================================ GGUF (lesson 13)
+# ======================================================================= GGUF (lessons 13, 17)
 #: The formats :func:`export_gguf` writes, with llama.cpp's file-type number for each.
 GGUF_FORMATS = {"f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7}
 #: Bits per weight of each format (the fp16 scale, and Q4_1's fp16 minimum, included).
@@ -304,11 +304,11 @@ GGUF_BITS = {"f16": 16.0, "q8_0": 8.5, "q4_1": 5.0, "q4_0": 4.5}
 
 def _gguf_name(hf_name: str) -> str:
     """A course (Hugging Face) tensor name -> its GGUF name (the inverse of the reader's map)."""
-    from course_lib.gguf_model import GGUF_TO_HF
+    from course_lib.gguf_model import GGUF_TO_HF, GGUF_TO_HF_EXTRA
     parts = hf_name.split(".")
     if len(parts) > 3 and parts[:2] == ["model", "layers"]:
         key = "model.layers.{i}." + ".".join(parts[3:])
-        for g, h in GGUF_TO_HF.items():
+        for g, h in {**GGUF_TO_HF, **GGUF_TO_HF_EXTRA}.items():
             if h == key:
                 return g.format(i=parts[2])
     for g, h in GGUF_TO_HF.items():
@@ -445,6 +445,11 @@ def _gguf_metadata(source, cfg) -> list:
                         f"{type(source).__name__}")
     entries = read_metadata(source)
     src_cfg = config_from_gguf(_Fields(entries))          # refuses another architecture
+    src_arch = next(v for k, _, v, _ in entries if k == "general.architecture")
+    if src_arch != gguf_architecture_of(cfg):
+        raise ValueError(f"the source GGUF {Path(source).name} is a {src_arch!r} model but this "
+                         f"model is written as {gguf_architecture_of(cfg)!r}; pass a GGUF of the "
+                         f"same architecture, or tokenizer= the model's folder")
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                 "num_key_value_heads", "intermediate_size", "vocab_size"):
         if getattr(src_cfg, key) != getattr(cfg, key):
@@ -454,24 +459,240 @@ def _gguf_metadata(source, cfg) -> list:
     return entries
 
 
+def gguf_architecture_of(cfg) -> str:
+    """The GGUF architecture llama.cpp's converter writes for a course config
+    (conversion/llama.py and qwen.py, llama-cpp-python 0.3.36): "qwen3" with q/k norms
+    (Qwen3ForCausalLM), "qwen2" with q/k/v biases (Qwen2ForCausalLM), else "llama" (Llama,
+    Mistral, SmolLM, TinyLlama: LlamaForCausalLM and MistralForCausalLM)."""
+    if cfg.qk_norm:
+        return "qwen3"
+    if cfg.qkv_bias:
+        return "qwen2"
+    return "llama"
+
+
+def _model_fields(cfg, arch: str) -> list:
+    """The hyper-parameter entries llama.cpp's converter writes for ``cfg`` (TextModel.
+    set_gguf_parameters in conversion/base.py; LlamaModel adds the vocabulary size and the
+    RoPE dimension count), as (key, value type, value, item type)."""
+    from gguf import GGUFValueType as V
+    a = f"{arch}."
+    u32 = [("block_count", cfg.num_hidden_layers), ("context_length", cfg.max_position_embeddings),
+           ("embedding_length", cfg.hidden_size), ("feed_forward_length", cfg.intermediate_size),
+           ("attention.head_count", cfg.num_attention_heads),
+           ("attention.head_count_kv", cfg.num_key_value_heads),
+           ("attention.key_length", cfg.head_dim), ("attention.value_length", cfg.head_dim)]
+    if arch == "llama":
+        u32 += [("vocab_size", cfg.vocab_size), ("rope.dimension_count", cfg.head_dim)]
+    out = [("general.architecture", int(V.STRING), arch, None)]
+    out += [(a + k, int(V.UINT32), int(v), None) for k, v in u32]
+    out += [(a + "rope.freq_base", int(V.FLOAT32), float(cfg.rope_theta), None),
+            (a + "attention.layer_norm_rms_epsilon", int(V.FLOAT32), float(cfg.rms_norm_eps),
+             None)]
+    return out
+
+
+#: llama.cpp's converter names the pre-tokenizer (``tokenizer.ggml.pre``) from a hash of the
+#: ids its tokenizer gives this text (conversion/base.py, ``get_vocab_base_pre``,
+#: llama-cpp-python 0.3.36): the same text, and the hashes of the tokenizers of the models the
+#: course loads, with the model each was computed from.
+PRE_CHECK_TEXT = ('\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ '
+                  '(multiple emojis concatenated) ✅ 🦙🦙 3 33 333 3333 33333 333333 3333333 '
+                  '33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ '
+                  '------======= нещо на Български \'\'\'\'\'\'```````""""......!!!!!!?????? '
+                  'I\'ve been \'told he\'s there, \'RE you sure? \'M not sure I\'ll make it, '
+                  '\'D you like some tea? We\'Ve a\'lL')
+KNOWN_PRE = {   # hash -> (tokenizer.ggml.pre, the model it was computed from; base.py line)
+    "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5":
+        ("llama-bpe", "meta-llama/Meta-Llama-3-8B; line 1714"),
+    "c136ed14d01c2745d4f60a9596ae66800e2b61fa45643e72436041855ad4089d":
+        ("smaug-bpe", "abacusai/Smaug-Llama-3-70B-Instruct; line 1783"),
+    "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249":
+        ("smollm", "HuggingFaceTB/SmolLM-135M; line 1807"),
+    "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea":
+        ("qwen2", "Qwen/Qwen1.5-7B; line 1759"),
+    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c":
+        ("qwen2", "Qwen/Qwen3-Embedding-0.6B; line 1690"),
+    "b3f499bb4255f8ca19fccd664443283318f2fd2414d5e0b040fbdd0cc195d6c5":
+        ("deepseek-r1-qwen", "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B; line 1837"),
+    "63b97e4253352e6f357cc59ea5b583e3a680eaeaf2632188c2b952de2588485e":
+        ("tekken", "mistralai/Mistral-Nemo-Base-2407; line 1804"),
+    "3ce83efda5659b07b1ad37ca97ca5797ea4285d9b9ab0dc679e4a720c9da7454":
+        ("gpt-2", "openai-community/gpt2; line 1741"),
+}
+#: llama.cpp's token types (gguf-py constants.py, TokenType).
+TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED = 1, 3, 4, 5
+
+
+def _has_byte_level(node) -> bool:
+    if isinstance(node, dict):
+        if node.get("type") == "ByteLevel":
+            return True
+        return any(_has_byte_level(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_has_byte_level(v) for v in node)
+    return False
+
+
+def tokenizer_pre(tokenizer_json) -> str:
+    """``tokenizer.ggml.pre`` for a tokenizer.json, chosen as llama.cpp's converter chooses
+    it: the hash of the ids of :data:`PRE_CHECK_TEXT` looked up in :data:`KNOWN_PRE`. An
+    unknown tokenizer is refused (the converter refuses it too)."""
+    import hashlib
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(tokenizer_json))
+    ids = tok.encode(PRE_CHECK_TEXT).ids
+    digest = hashlib.sha256(str(ids).encode()).hexdigest()
+    if digest not in KNOWN_PRE:
+        known = sorted({v[0] for v in KNOWN_PRE.values()})
+        raise ValueError(f"{tokenizer_json}: a pre-tokenizer llama.cpp's converter does not know "
+                         f"(hash {digest[:16]}...; known here: {', '.join(known)}). llama.cpp "
+                         f"would split text differently from this tokenizer: convert the model "
+                         f"with llama.cpp's convert_hf_to_gguf.py and pass that file as source=")
+    return KNOWN_PRE[digest][0]
+
+
+def _special_id(value, vocab: dict):
+    """A tokenizer_config.json special token (a string or {"content": ...}) -> its id."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return vocab.get(value) if isinstance(value, str) else None
+
+
+def tokenizer_fields(tokenizer, vocab_size: int) -> list:
+    """The tokenizer entries of a GGUF file, built from a Hugging Face ``tokenizer.json``
+    (``tokenizer``: the file, or the folder holding it and maybe ``tokenizer_config.json``), as
+    llama.cpp's converter writes a byte-level BPE tokenizer (``_set_vocab_gpt2`` and
+    gguf-py's ``SpecialVocab``): model "gpt2", the pre-tokenizer (:func:`tokenizer_pre`),
+    ``vocab_size`` tokens (ids no token uses become "[PAD<id>]", UNUSED), their types (added
+    special tokens CONTROL, other added tokens USER_DEFINED), the merges, BOS/EOS/padding/
+    unknown ids and whether to add BOS, the chat template. Refused with the reason: a
+    vocabulary larger than the embedding, a tokenizer that is not byte-level BPE."""
+    from gguf import GGUFValueType as V
+    if not isinstance(tokenizer, (str, os.PathLike)):
+        raise TypeError(f"tokenizer must be the model's folder or its tokenizer.json (str or "
+                        f"Path); got {type(tokenizer).__name__}")
+    path = Path(tokenizer)
+    path = path / "tokenizer.json" if path.is_dir() else path
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: the GGUF's tokenizer is built from the "
+                                f"model's tokenizer.json (download it with the checkpoint)")
+    try:
+        j = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from None
+    model = j.get("model") or {}
+    kind = model.get("type")
+    if kind != "BPE":
+        raise ValueError(f"{path} holds a {kind!r} tokenizer; the course writes llama.cpp's "
+                         f"'gpt2' tokenizer, byte-level BPE only (Llama 3.x, SmolLM, Qwen, "
+                         f"Mistral Nemo). Convert with llama.cpp's convert_hf_to_gguf.py and "
+                         f"pass that file as source=")
+    if not _has_byte_level(j.get("pre_tokenizer")):
+        raise ValueError(f"{path} is a SentencePiece-style BPE (no ByteLevel pre-tokenizer: Llama "
+                         f"2, TinyLlama, Mistral 7B v0.1), which llama.cpp stores as its 'llama' "
+                         f"tokenizer from tokenizer.model; the course does not write it. Convert "
+                         f"with llama.cpp's convert_hf_to_gguf.py and pass that file as source=")
+    vocab = dict(model.get("vocab") or {})
+    added = {t["id"]: t for t in j.get("added_tokens") or []}
+    for i, t in added.items():
+        vocab[t["content"]] = i
+    top = max(vocab.values(), default=-1)
+    if top >= vocab_size:
+        raise ValueError(f"{path} has token ids up to {top} but the model's embedding has "
+                         f"{vocab_size} rows: the tokenizer belongs to another model")
+    by_id = {i: t for t, i in vocab.items()}
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i not in by_id:
+            tokens.append(f"[PAD{i}]")
+            types.append(TOKEN_UNUSED)
+            continue
+        tok = by_id[i]
+        tokens.append(tok)
+        if i in added:
+            looks = tok.startswith("<|") and tok.endswith("|>")
+            types.append(TOKEN_CONTROL if added[i].get("special") or looks
+                         else TOKEN_USER_DEFINED)
+        else:
+            types.append(TOKEN_NORMAL)
+    merges = model.get("merges") or []
+    if merges and not isinstance(merges[0], str):      # [a, b] pairs (tokenizers >= 0.20)
+        sp = chr(ord(" ") + 256)
+        merges = [" ".join(part.replace(" ", sp) for part in pair) for pair in merges]
+    out = [("tokenizer.ggml.model", int(V.STRING), "gpt2", None),
+           ("tokenizer.ggml.pre", int(V.STRING), tokenizer_pre(path), None),
+           ("tokenizer.ggml.tokens", int(V.ARRAY), tokens, int(V.STRING)),
+           ("tokenizer.ggml.token_type", int(V.ARRAY), types, int(V.INT32)),
+           ("tokenizer.ggml.merges", int(V.ARRAY), list(merges), int(V.STRING))]
+    cfg_path = path.parent / "tokenizer_config.json"
+    tc = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
+    add_bos = tc.get("add_bos_token")
+    if add_bos is None:                                 # what the post-processor adds
+        pp = j.get("post_processor") or {}
+        for proc in pp.get("processors", [pp]):
+            if proc.get("type") == "TemplateProcessing":
+                single = proc.get("single") or []
+                add_bos = bool(single) and "SpecialToken" in single[0] and len(single) > 1
+    for key, name in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"),
+                      ("pad_token", "padding")):
+        i = _special_id(tc.get(key), vocab)
+        if i is not None:
+            out.append((f"tokenizer.ggml.{name}_token_id", int(V.UINT32), int(i), None))
+    if add_bos is not None:
+        out.append(("tokenizer.ggml.add_bos_token", int(V.BOOL), bool(add_bos), None))
+    if isinstance(tc.get("chat_template"), str):
+        out.append(("tokenizer.chat_template", int(V.STRING), tc["chat_template"], None))
+    return out
+
+
+def llama3_rope_factors(cfg):
+    """The ``rope_freqs`` tensor llama.cpp's converter writes for Llama 3's RoPE scaling
+    (conversion/llama.py, ``LlamaModel.generate_extra_tensors``): float32 (head_dim / 2,), or
+    None when the config has no scaling."""
+    import numpy as np
+    from course_lib.gguf_model import _rope_factor_rule
+    rs = cfg.rope_scaling
+    if rs is None:
+        return None
+    hd = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+    return _rope_factor_rule(inv, float(rs["factor"]), float(rs["low_freq_factor"]),
+                             float(rs["high_freq_factor"]),
+                             float(rs["original_max_position_embeddings"]))
+
+
 def export_gguf(model: nn.Module, path: str | os.PathLike, fmt: str = "q4_0",
                 source: str | os.PathLike | None = None, overwrite: bool = False,
-                embed_fmt: str | None = None, strict_scales: bool = True) -> Path:
-    """Write a course LlamaModel as a GGUF file that llama.cpp runs (lesson 13). Returns path.
+                embed_fmt: str | None = None, strict_scales: bool = True,
+                tokenizer: str | os.PathLike | None = None) -> Path:
+    """Write a course LlamaModel as a GGUF file that llama.cpp runs (lessons 13, 17). Returns path.
 
     fmt: "f16", "q8_0", "q4_0" or "q4_1", the block layouts of llama.cpp bit for bit. A plain
     Linear is rounded with llama.cpp's own rule for ``fmt`` (the same bytes as its quantizer
     from the same weights); a method's :class:`GroupQuantLinear` (GPTQ, AWQ, RTN on the
     format's grid) goes in with its codes and scales unchanged (:func:`block_weights`).
     The token embeddings (also the tied output head) are Q8_0 in the quantized formats, as
-    llama.cpp's quantizer chooses for SmolLM2, F16 in "f16" (``embed_fmt`` overrides); norms
-    F32. Metadata and the tokenizer are copied from ``source`` (default: SmolLM2's packaged
-    GGUF), whose architecture and shapes must match the model.
+    llama.cpp's quantizer chooses for SmolLM2, F16 in "f16" (``embed_fmt`` overrides); norms,
+    biases and q/k norms F32.
+
+    The architecture is the one llama.cpp's converter writes (:func:`gguf_architecture_of`:
+    llama, qwen2 or qwen3, with its own key names); Llama 3's RoPE scaling goes in as the
+    converter's ``rope_freqs`` tensor (:func:`llama3_rope_factors`), and the llama
+    architecture's q/k rows (and biases) in llama.cpp's interleaved order. Metadata and the
+    tokenizer: with ``tokenizer`` (the model's folder or its tokenizer.json), the hyper-
+    parameters from the model's config and the tokenizer built from that file
+    (:func:`tokenizer_fields`); otherwise copied from ``source`` (default: SmolLM2's packaged
+    GGUF), whose architecture and shapes must match the model. A sliding window (Mistral,
+    Qwen2 with it switched on) is not written, as the converter does not write it: llama.cpp's
+    llama and qwen2 attend to every earlier token, the same as the model up to the window's
+    length (a warning says so).
 
     An existing file is refused unless ``overwrite=True``; the file is written under a
     temporary name beside ``path`` and renamed at the end, so a failed or refused export
     leaves nothing behind and never a half-written file.
     """
+    import warnings
     from gguf import GGMLQuantizationType as T
     from course_lib.gguf_model import permute_rope_rows, write_gguf
     from course_lib.model import LlamaModel
@@ -479,11 +700,14 @@ def export_gguf(model: nn.Module, path: str | os.PathLike, fmt: str = "q4_0",
     embed_fmt = _check_gguf_format(embed_fmt, "embed_fmt") if embed_fmt is not None else \
         ("f16" if fmt == "f16" else "q8_0")
     if not isinstance(model, LlamaModel):
-        raise TypeError(f"export_gguf writes a course LlamaModel (smollm.load(), then a "
-                        f"method); got {type(model).__name__}")
+        raise TypeError(f"export_gguf writes a course LlamaModel (smollm.load(), "
+                        f"own_model.load(...), then a method); got {type(model).__name__}")
     for name, v in (("overwrite", overwrite), ("strict_scales", strict_scales)):
         if not isinstance(v, bool):
             raise TypeError(f"{name} must be True or False; got {v!r}")
+    if tokenizer is not None and source is not None:
+        raise ValueError("pass source= (a GGUF whose metadata and tokenizer are copied) or "
+                         "tokenizer= (the model's folder or tokenizer.json), not both")
     from course_lib.smollm import file_target
     path = file_target(path, "path", "model.gguf")
     if path.suffix != ".gguf":
@@ -492,23 +716,39 @@ def export_gguf(model: nn.Module, path: str | os.PathLike, fmt: str = "q4_0",
         raise FileExistsError(f"{path} exists; pass overwrite=True to replace it (or choose "
                               f"another name)")
     cfg = model.config
-    fields = _gguf_metadata(source, cfg)
+    arch = gguf_architecture_of(cfg)
+    if tokenizer is not None:
+        fields = _model_fields(cfg, arch) + tokenizer_fields(tokenizer, cfg.vocab_size)
+    else:
+        fields = _gguf_metadata(source, cfg)
+    if cfg.sliding_window is not None:
+        warnings.warn(f"the model attends through a sliding window of {cfg.sliding_window} "
+                      f"tokens; llama.cpp's {arch} architecture attends to every earlier token "
+                      f"(its converter does not write the window), so the file computes what "
+                      f"the model does on sequences up to {cfg.sliding_window} tokens only",
+                      UserWarning, stacklevel=2)
     mods = dict(model.named_modules())
     tensors = []                                  # (name, numpy array, raw type or None)
+    factors = llama3_rope_factors(cfg)
+    if factors is not None:
+        tensors.append(("rope_freqs.weight", factors, None))
     for name, t in model.state_dict().items():
         mod_name, _, leaf = name.rpartition(".")
-        if leaf != "weight" or (name == "lm_head.weight" and cfg.tie_word_embeddings):
+        if leaf not in ("weight", "bias") or \
+                (name == "lm_head.weight" and cfg.tie_word_embeddings):
             continue
         try:
             gname, value, kind = _gguf_tensor(name, t, mods.get(mod_name), fmt, embed_fmt,
                                               strict_scales)
         except ValueError as e:
             raise ValueError(f"{name}: {e}") from None
-        if gname.endswith(("attn_q.weight", "attn_k.weight")):           # llama.cpp's rows
-            heads = cfg.num_attention_heads if "attn_q" in gname else cfg.num_key_value_heads
+        if arch == "llama" and gname.endswith(("attn_q.weight", "attn_k.weight",
+                                               "attn_q.bias", "attn_k.bias")):
+            heads = cfg.num_attention_heads if ".attn_q." in gname else cfg.num_key_value_heads
             order = permute_rope_rows(value.codes.shape[0] if hasattr(value, "codes")
                                       else value.shape[0], heads)
-            value = value.rows(order) if hasattr(value, "rows") else value[order]
+            value = value.rows(order) if hasattr(value, "rows") else value[order.numpy()] \
+                if kind is None else value[order]
         if kind is None:
             tensors.append((gname, value, None))
         elif kind == "f16":

@@ -1,4 +1,6 @@
-"""Read a Llama-family GGUF file (llama.cpp's format) into the course's own model (lesson 04).
+"""Read a GGUF file (llama.cpp's format) of the llama, qwen2 or qwen3 architecture into the
+course's own model (lesson 04; lesson 17 reads a learner's own file through
+:mod:`course_lib.own_model`).
 
 A GGUF file is one binary holding a model's metadata (architecture, widths, tokenizer) and its
 tensors, most of them already quantized in llama.cpp's block formats. This module reads its header
@@ -38,7 +40,17 @@ Q4_0_BYTES = 2 + BLOCK // 2      # fp16 scale, 16 bytes of nibbles
 Q4_1_BYTES = 2 + 2 + BLOCK // 2  # fp16 scale, fp16 minimum, 16 bytes of nibbles
 Q8_0_BYTES = 2 + BLOCK           # fp16 scale, 32 int8 codes
 BLOCK_BYTES = {"q4_0": Q4_0_BYTES, "q4_1": Q4_1_BYTES, "q8_0": Q8_0_BYTES}
-SUPPORTED_TYPES = ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")
+#: Every tensor type :func:`decode_tensor` decodes: the above and llama.cpp's 5-bit blocks
+#: and k-quants, through :mod:`course_lib.kquants`' decoders.
+DECODED_TYPES = SUPPORTED_TYPES + ("Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+#: GGUF architectures read here (``general.architecture``; llama.cpp's converter writes
+#: Mistral as "llama") and the Hugging Face class each corresponds to.
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
+#: What each architecture is, for messages.
+ARCHITECTURE_EXAMPLES = ("the 'llama' architecture (SmolLM2, TinyLlama, Llama 2/3.x, Mistral), "
+                         "'qwen2' (Qwen2, Qwen2.5) and 'qwen3' (Qwen3 dense)")
 
 #: GGUF tensor names -> the course model's (Hugging Face) names; {i} is the layer.
 GGUF_TO_HF = {
@@ -55,6 +67,19 @@ GGUF_TO_HF = {
     "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
     "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
 }
+#: The other tensors an architecture may hold (gguf-py's constants.py, llama-cpp-python 0.3.36:
+#: MODEL_TENSOR.ATTN_Q ... "blk.{bid}.attn_q", ATTN_Q_NORM "blk.{bid}.attn_q_norm"): Qwen2's
+#: q/k/v biases, Llama's optional o and MLP biases, Qwen3's per-head q/k norms.
+GGUF_TO_HF_EXTRA = {
+    **{f"blk.{{i}}.attn_{g}.bias": f"model.layers.{{i}}.self_attn.{h}_proj.bias"
+       for g, h in (("q", "q"), ("k", "k"), ("v", "v"), ("output", "o"))},
+    **{f"blk.{{i}}.ffn_{n}.bias": f"model.layers.{{i}}.mlp.{n}_proj.bias"
+       for n in ("gate", "up", "down")},
+    "blk.{i}.attn_q_norm.weight": "model.layers.{i}.self_attn.q_norm.weight",
+    "blk.{i}.attn_k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight",
+}
+#: llama.cpp's Llama 3 RoPE factors (one per frequency), folded into the config when read.
+ROPE_FREQS = "rope_freqs.weight"
 
 
 # ----------------------------------------------------------------------------- block formats
@@ -370,7 +395,8 @@ def write_gguf(path: str | Path, fields, file_type: int, tensors, overwrite: boo
                ) -> Path:
     """Write a GGUF file atomically (lessons 13, 14): ``fields`` as read from another GGUF file,
     ``(key, value type, value, sub type)``, copied except the reader's own ``GGUF.*`` entries and
-    the architecture and file type (set here: ``file_type`` is llama.cpp's number);
+    the architecture and file type (set here: the architecture is the one ``fields`` name,
+    "llama" when they name none; ``file_type`` is llama.cpp's number);
     ``tensors`` ``[(name, data, raw type or None)]``: ``data`` a NumPy array, float32 or
     float16 (finite) when ``raw`` is None, else the block format's bytes (rows, bytes per row).
     The file appears complete or not at all. An existing file is refused unless
@@ -431,7 +457,8 @@ def write_gguf(path: str | Path, fields, file_type: int, tensors, overwrite: boo
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     os.close(fd)
     try:
-        writer = GGUFWriter(tmp, "llama")
+        arch = next((v for k, _, v, _ in fields if k == "general.architecture"), "llama")
+        writer = GGUFWriter(tmp, arch)
         for key, vtype, val, sub in fields:
             if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
                 continue
@@ -623,52 +650,227 @@ def _field(reader, key: str, default=None):
     return f.contents()
 
 
+def gguf_architecture(reader) -> str:
+    """The file's ``general.architecture`` if the course reads it, else a ValueError naming
+    the ones it reads."""
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"this GGUF holds a {arch!r} model; the course's loader reads the "
+                         f"{ARCHITECTURE_EXAMPLES[4:]}: their decoders are the one "
+                         f"course_lib.model computes")
+    return arch
+
+
+def _rope_factor_rule(inv_freq: np.ndarray, factor: float, lo: float, hi: float,
+                      old_len: float) -> np.ndarray:
+    """llama.cpp's converter's Llama 3 factors (conversion/llama.py, LlamaModel.
+    generate_extra_tensors, llama-cpp-python 0.3.36): 1 where the wavelength is below
+    old_len / hi, ``factor`` above old_len / lo, a smooth blend between; float32 as stored."""
+    wavelen = 2 * np.pi / inv_freq
+    smooth = (old_len / wavelen - lo) / (hi - lo)
+    mid = 1 / ((1 - smooth) / factor + smooth)
+    out = np.where(wavelen < old_len / hi, 1.0, np.where(wavelen > old_len / lo, factor, mid))
+    return out.astype(np.float32)
+
+
+def llama3_rope_from_factors(factors, rope_theta: float, head_dim: int) -> dict | None:
+    """The ``rope_scaling`` dict (Llama 3's rule) that gives a file's ``rope_freqs`` factors.
+
+    llama.cpp's converter stores one factor per frequency, not the four numbers of
+    config.json. Only two of them can be recovered: the factor, and the two wavelengths where
+    the blend starts and ends. This returns ``low_freq_factor`` 1 and an
+    ``original_max_position_embeddings`` and ``high_freq_factor`` with those wavelengths: the
+    same frequencies, checked by recomputing the factors. None when every factor is 1; a
+    ValueError when no Llama 3 rule gives them.
+    """
+    rf = np.asarray(factors, dtype=np.float64).reshape(-1)
+    n = head_dim // 2
+    if rf.size != n:
+        raise ValueError(f"{ROPE_FREQS} holds {rf.size} factors; a head of {head_dim} has {n} "
+                         f"frequencies")
+    if not np.isfinite(rf).all() or (rf <= 0).any():
+        raise ValueError(f"{ROPE_FREQS} holds factors that are not finite and positive")
+    if np.allclose(rf, 1.0, rtol=0, atol=1e-7):
+        return None
+    inv = 1.0 / (rope_theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    x = inv / (2 * np.pi)                                          # 1 / wavelength, decreasing
+    factor = float(rf.max())
+    high = np.isclose(rf, 1.0, rtol=1e-6, atol=0)
+    low = np.isclose(rf, factor, rtol=1e-6, atol=0)
+    mid = ~(high | low)
+    xl = float(x[low].max()) if low.any() else 0.0                # below x_low: factor
+    xh = float(x[high].min()) if high.any() else float(x.max()) * 2   # above x_high: 1
+    candidates = []
+    if mid.sum() >= 2:                         # a line: s = (x - x_low) / (x_high - x_low)
+        s = (1 / rf[mid] - 1 / factor) / (1 - 1 / factor)
+        a, b = np.polyfit(x[mid], s, 1)
+        candidates.append((-b / a, (1 - b) / a))
+    elif mid.sum() == 1:
+        xm = float(x[mid][0])
+        sm = float((1 / rf[mid][0] - 1 / factor) / (1 - 1 / factor))
+        for t in (0.5, 0.25, 0.1, 0.01):
+            x_low = xm - t * (xm - xl)
+            candidates.append((x_low, x_low + (xm - x_low) / sm))
+    else:
+        candidates.append((xl + (xh - xl) / 3, xl + 2 * (xh - xl) / 3))
+    for x_low, x_high in candidates:
+        if not 0 < x_low < x_high:
+            continue
+        scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
+                   "high_freq_factor": float(x_high / x_low),
+                   "original_max_position_embeddings": float(1 / x_low)}
+        again = _rope_factor_rule(inv, factor, 1.0, scaling["high_freq_factor"],
+                                  scaling["original_max_position_embeddings"])
+        if np.allclose(again, rf, rtol=1e-5, atol=0):
+            return scaling
+    raise ValueError(f"the file's {ROPE_FREQS} factors ({rf.min():.4g}..{rf.max():.4g}) follow "
+                     f"no Llama 3 RoPE scaling, the only one the course's decoder computes")
+
+
 def config_from_gguf(reader) -> ModelConfig:
-    """The model's hyper-parameters from the GGUF metadata (Llama architecture only).
-    ``reader``: what :func:`open_gguf` returns (or the file's path)."""
+    """The model's hyper-parameters from the GGUF metadata: the llama, qwen2 and qwen3
+    architectures (keys ``<arch>.block_count`` ...; the head size from
+    ``<arch>.attention.key_length`` when present; Llama 3's RoPE scaling from the
+    ``rope_freqs`` tensor, :func:`llama3_rope_from_factors`; q/k/v biases and q/k norms from
+    the tensors present). ``reader``: what :func:`open_gguf` returns (or the file's path)."""
     if isinstance(reader, (str, os.PathLike)):
         reader = open_gguf(reader)
     if not hasattr(reader, "fields") or not hasattr(reader, "tensors"):
         raise TypeError(f"reader must be an opened GGUF file (gguf_model.open_gguf(path)); got "
                         f"{type(reader).__name__}")
-    arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"this GGUF holds a {arch!r} model; the course's loader reads the 'llama' "
-                         f"architecture only (SmolLM2, TinyLlama, Llama 2/3)")
-    a = "llama."
+    arch = gguf_architecture(reader)
+    a = f"{arch}."
     n_heads = int(_field(reader, a + "attention.head_count"))
-    has_head = any(t.name == "output.weight" for t in reader.tensors)
+    hidden = int(_field(reader, a + "embedding_length"))
+    names = {t.name: t for t in reader.tensors}
+    has_head = "output.weight" in names
+    head_dim = int(_field(reader, a + "attention.key_length", hidden // n_heads))
+    v_dim = int(_field(reader, a + "attention.value_length", head_dim))
+    rot = int(_field(reader, a + "rope.dimension_count", head_dim))
+    if v_dim != head_dim or rot != head_dim:
+        raise ValueError(f"this {arch} GGUF has key length {head_dim}, value length {v_dim} and "
+                         f"RoPE on {rot} dimensions; the course's decoder needs all three equal "
+                         f"(RoPE on the whole head)")
+    kind = _field(reader, a + "rope.scaling.type", "none")
+    if kind not in ("none", "", None):
+        raise ValueError(f"this GGUF sets RoPE scaling {kind!r} ({a}rope.scaling.type); the "
+                         f"course's decoder computes none, or Llama 3's (a rope_freqs tensor)")
+    theta = float(_field(reader, a + "rope.freq_base", 10000.0))
+    scaling = None
+    if ROPE_FREQS in names:
+        scaling = llama3_rope_from_factors(np.asarray(names[ROPE_FREQS].data), theta, head_dim)
+    if "token_embd.weight" in names:                     # the embedding's rows are the truth
+        vocab = int(names["token_embd.weight"].shape[-1])
+    else:
+        vocab = _field(reader, a + "vocab_size",
+                       len(_field(reader, "tokenizer.ggml.tokens", [])) or None)
+    extra = {}
+    if "blk.0.attn_output.bias" in names:
+        extra["attention_bias"] = True
+    elif "blk.0.attn_q.bias" in names:
+        extra["qkv_bias"] = True
+    if "blk.0.ffn_up.bias" in names:
+        extra["mlp_bias"] = True
+    if "blk.0.attn_q_norm.weight" in names:
+        extra["qk_norm"] = True
+    if arch == "qwen2" and names and "qkv_bias" not in extra:
+        raise ValueError("this qwen2 GGUF has no q/k/v biases (blk.0.attn_q.bias): a Qwen2 "
+                         "model always carries them; the file is incomplete")
+    if arch == "qwen3" and names and "qk_norm" not in extra:
+        raise ValueError("this qwen3 GGUF has no q/k norms (blk.0.attn_q_norm.weight): a "
+                         "Qwen3 model always carries them; the file is incomplete")
     return ModelConfig(
-        vocab_size=int(_field(reader, a + "vocab_size",
-                              len(_field(reader, "tokenizer.ggml.tokens", [])) or None)),
-        hidden_size=int(_field(reader, a + "embedding_length")),
+        vocab_size=int(vocab),
+        hidden_size=hidden,
         num_hidden_layers=int(_field(reader, a + "block_count")),
         num_attention_heads=n_heads,
         num_key_value_heads=int(_field(reader, a + "attention.head_count_kv", n_heads)),
         intermediate_size=int(_field(reader, a + "feed_forward_length")),
         max_position_embeddings=int(_field(reader, a + "context_length")),
-        rope_theta=float(_field(reader, a + "rope.freq_base", 10000.0)),
+        rope_theta=theta,
+        rope_scaling=scaling,
         rms_norm_eps=float(_field(reader, a + "attention.layer_norm_rms_epsilon")),
         tie_word_embeddings=not has_head,
+        head_dim=head_dim,
+        **extra,
     )
 
 
-def _hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str, arch: str = "llama") -> str:
+    """A GGUF tensor name -> the course model's (Hugging Face) name."""
     parts = gguf_name.split(".")
-    if parts[0] == "blk":
+    if parts[0] == "blk" and len(parts) > 2:
         key = "blk.{i}." + ".".join(parts[2:])
-        if key in GGUF_TO_HF:
-            return GGUF_TO_HF[key].format(i=parts[1])
+        for table in (GGUF_TO_HF, GGUF_TO_HF_EXTRA):
+            if key in table:
+                return table[key].format(i=parts[1])
     elif gguf_name in GGUF_TO_HF:
         return GGUF_TO_HF[gguf_name]
-    raise ValueError(f"unexpected tensor {gguf_name!r} in a llama GGUF file")
+    raise ValueError(f"unexpected tensor {gguf_name!r} in a {arch} GGUF file")
+
+
+_hf_name = hf_name
+
+
+def rope_rows_permuted(arch: str) -> bool:
+    """Whether the file stores q and k rows in llama.cpp's interleaved order: the llama
+    architecture does (its converter permutes them, conversion/llama.py ``undo_permute``);
+    qwen2 and qwen3 keep Hugging Face's order (llama.cpp rotates them NeoX-style)."""
+    return arch == "llama"
+
+
+def _bf16(data: np.ndarray) -> np.ndarray:
+    """BF16 stored as uint8 pairs (.., 2 n) -> float32 (.., n): the 16 high bits of an fp32."""
+    u = np.ascontiguousarray(data).view(np.uint16).astype(np.uint32) << 16
+    return u.view(np.float32)
+
+
+def decode_tensor(t, arch: str = "llama", cfg: ModelConfig | None = None,
+                  keep_blocks: bool = True):
+    """One tensor of an opened GGUF file (an entry of ``reader.tensors``) as the course model
+    holds it: (course name, value). Q4_0/Q4_1/Q8_0 come back as :class:`BlockQuantized` when
+    ``keep_blocks`` (codes kept), every other type as an fp32 tensor (F32, F16, BF16, and
+    Q5_0, Q5_1, Q4_K, Q5_K, Q6_K through :mod:`course_lib.kquants`' decoders, which give
+    llama.cpp's values bit for bit). The q/k rows (and biases) of a llama file are put back in
+    Hugging Face's order, which needs ``cfg`` for the head counts."""
+    from course_lib import kquants
+    kind = t.tensor_type.name
+    if kind not in DECODED_TYPES:
+        raise ValueError(f"tensor {t.name} is stored as {kind}; the course decodes "
+                         f"{', '.join(DECODED_TYPES)} (requantize the file with llama.cpp's "
+                         f"llama-quantize to one of them, e.g. Q8_0 or Q4_K_M)")
+    name = hf_name(t.name, arch)
+    shape = [int(s) for s in reversed(t.shape.tolist())]                 # numpy order (out, in)
+    data = np.asarray(t.data)
+    if kind in ("Q4_0", "Q4_1", "Q8_0") and keep_blocks:
+        value = {"Q4_0": unpack_q4_0, "Q4_1": unpack_q4_1, "Q8_0": unpack_q8_0}[kind](
+            data.reshape(shape[0], -1), shape[-1])
+    elif kind in ("F32", "F16"):
+        value = torch.from_numpy(data.astype(np.float32).reshape(shape).copy())
+    elif kind == "BF16":
+        value = torch.from_numpy(_bf16(data).reshape(shape).copy())
+    else:
+        rows = int(np.prod(shape[:-1]))
+        value = torch.from_numpy(kquants.dequantize(data.reshape(rows, -1), kind.lower(),
+                                                    shape[-1]).reshape(shape))
+    if rope_rows_permuted(arch) and name.endswith(("q_proj.weight", "k_proj.weight",
+                                                   "q_proj.bias", "k_proj.bias")):
+        if cfg is None:
+            raise ValueError(f"{t.name}: cfg (the file's config) is needed to put q/k rows "
+                             f"back in order")
+        heads = cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads
+        order = unpermute_rope_rows(shape[0], heads)
+        value = value.rows(order) if isinstance(value, BlockQuantized) else value[order]
+    return name, value
 
 
 def read_tensors(reader, cfg: ModelConfig) -> dict[str, torch.Tensor | BlockQuantized]:
     """Every tensor of the file under the course model's name, in its layout.
 
-    Q4_1 / Q8_0 weights come back as :class:`BlockQuantized` (codes kept), F32/F16 as fp32
-    tensors. Query and key rows are put back in the Hugging Face order.
+    Q4_0 / Q4_1 / Q8_0 weights come back as :class:`BlockQuantized` (codes kept), F32/F16/BF16
+    as fp32 tensors (other types: :func:`decode_tensor`, through
+    :mod:`course_lib.own_model`). Query and key rows of a llama file are put back in the
+    Hugging Face order; the ``rope_freqs`` factors are in ``cfg.rope_scaling`` already.
     """
     if not hasattr(reader, "tensors"):
         raise TypeError(f"reader must be an opened GGUF file (gguf_model.open_gguf(path)); got "
@@ -676,28 +878,18 @@ def read_tensors(reader, cfg: ModelConfig) -> dict[str, torch.Tensor | BlockQuan
     if not isinstance(cfg, ModelConfig):
         raise TypeError(f"cfg must be the file's ModelConfig (gguf_model.config_from_gguf("
                         f"reader)); got {type(cfg).__name__}")
+    arch = gguf_architecture(reader)
     out = {}
     for t in reader.tensors:
         kind = t.tensor_type.name
         if kind not in SUPPORTED_TYPES:
             raise ValueError(f"tensor {t.name} is stored as {kind}; this loader supports "
                              f"{', '.join(SUPPORTED_TYPES)} (convert the file with llama.cpp's "
-                             f"llama-quantize to Q4_1, Q8_0 or F16)")
-        name = _hf_name(t.name)
-        shape = [int(s) for s in reversed(t.shape.tolist())]             # numpy order (out, in)
-        data = np.asarray(t.data)
-        if kind == "Q4_0":
-            value = unpack_q4_0(data.reshape(shape[0], -1), shape[-1])
-        elif kind == "Q4_1":
-            value = unpack_q4_1(data.reshape(shape[0], -1), shape[-1])
-        elif kind == "Q8_0":
-            value = unpack_q8_0(data.reshape(shape[0], -1), shape[-1])
-        else:
-            value = torch.from_numpy(data.astype(np.float32).reshape(shape).copy())
-        if name.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
-            order = unpermute_rope_rows(shape[0], heads)
-            value = value.rows(order) if isinstance(value, BlockQuantized) else value[order]
+                             f"llama-quantize to Q4_1, Q8_0 or F16; own_model.load also decodes "
+                             f"the k-quants)")
+        if t.name == ROPE_FREQS:
+            continue
+        name, value = decode_tensor(t, arch, cfg)
         out[name] = value
     return out
 

@@ -2,7 +2,14 @@
 lazily into the course's decoder (lesson 17, the capstone, builds on it).
 
 A checkpoint folder holds ``config.json``, the weights as one ``model.safetensors`` or as shards
-listed in ``model.safetensors.index.json``, and usually a ``tokenizer.json``. The architectures
+listed in ``model.safetensors.index.json``, and usually a ``tokenizer.json``. Two other sources
+are read the same way: a **GGUF file** (llama.cpp's format; pass the ``.gguf`` file itself) of
+the ``llama``, ``qwen2`` or ``qwen3`` architecture, its tensors decoded one at a time through
+the course's decoders (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), and the
+course's converted SmolLM2 folder (``models/smollm2-135m-instruct``: block codes, decoded as
+``smollm.load()`` decodes them). A quantized GGUF's weights already sit on its grid: quantizing
+them again measures how well a method recovers that grid, not the original model (lesson 13's
+double-quantization trap); a warning says so once per file. The architectures
 read here compute what :class:`course_lib.model.LlamaModel` computes, with at most these
 additions (the fields of :class:`~course_lib.model.ModelConfig` named in brackets):
 
@@ -37,6 +44,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,19 +127,52 @@ def _config_path(source) -> Path:
     if not path.exists():
         found = sorted(q.name for q in p.iterdir())[:8]
         hint = ""
-        if any(n.endswith(".gguf") for n in found):
-            hint = (" It holds a .gguf file: reading GGUF into this loader is not built yet; "
-                    "course_lib.gguf_model reads SmolLM2's.")
+        ggufs = [n for n in found if n.endswith(".gguf")]
+        if ggufs:
+            hint = (f" It holds a GGUF file: pass the file itself, e.g. "
+                    f"{str(p / ggufs[0])!r}")
         raise FileNotFoundError(f"{path} is missing: a checkpoint folder needs config.json next "
                                 f"to its *.safetensors files (the folder holds {found}).{hint}")
     return path
 
 
+def _is_gguf(source) -> bool:
+    """True when ``source`` names a .gguf file (which must then exist)."""
+    if not isinstance(source, (str, Path)):
+        return False
+    p = Path(source).expanduser()
+    if p.suffix.lower() != ".gguf":
+        return False
+    if not p.is_file():
+        raise FileNotFoundError(f"GGUF file {str(p)!r} does not exist" +
+                                (" (it is a folder: pass the .gguf file inside it)"
+                                 if p.is_dir() else ""))
+    return True
+
+
+def _gguf_reader(path):
+    """The opened GGUF file and its architecture, refused unless llama, qwen2 or qwen3."""
+    from course_lib import gguf_model as gm
+    reader = gm.open_gguf(Path(path).expanduser())
+    return reader, gm.gguf_architecture(reader)
+
+
+def gguf_config(path) -> ModelConfig:
+    """The :class:`ModelConfig` of a GGUF file (``gguf_model.config_from_gguf``), its
+    architecture checked."""
+    from course_lib import gguf_model as gm
+    reader, _ = _gguf_reader(path)
+    return gm.config_from_gguf(reader)
+
+
 def read_raw_config(source) -> dict:
     """``config.json`` as a dict: ``source`` is the checkpoint folder, a config.json path or a
-    dict already read."""
+    dict already read; for a ``.gguf`` file, the config.json its metadata describes
+    (``ModelConfig.to_hf_dict``)."""
     if isinstance(source, dict):
         return dict(source)
+    if _is_gguf(source):
+        return gguf_config(source).to_hf_dict()
     path = _config_path(source)
     try:
         raw = json.loads(path.read_text())
@@ -204,7 +245,10 @@ def _rope(raw: dict) -> tuple[float, dict | None]:
 def own_config(source) -> ModelConfig:
     """The :class:`ModelConfig` of a supported checkpoint (folder, config.json path or dict),
     with the architecture's own settings (q/k/v biases, q/k norms, sliding window) and
-    transformers' defaults for keys the file leaves out. Refusals say why and what is supported."""
+    transformers' defaults for keys the file leaves out. Refusals say why and what is supported.
+    A ``.gguf`` file: the config its metadata describes (``gguf_model.config_from_gguf``)."""
+    if _is_gguf(source):
+        return gguf_config(source)
     raw = read_raw_config(source)
     arch = architecture(raw)
     mtype = SUPPORTED[arch]
@@ -260,9 +304,14 @@ def own_config(source) -> ModelConfig:
 class Checkpoint:
     """What :func:`open_checkpoint` found: every check passed, no weight read yet.
 
-    ``weight_map``: tensor name -> file name in ``folder`` (from the index, or the headers).
-    ``shapes`` / ``dtypes``: from the safetensors headers. ``tokenizer``: the tokenizer.json
-    path, or None (then ``notes`` says so). ``vocab_in_tokenizer``: its largest id + 1.
+    ``weight_map``: tensor name -> file name in ``folder`` (from the index, or the headers);
+    for a GGUF file, tensor name -> the file's tensor name (``blk.0.attn_q.weight`` ...).
+    ``shapes`` / ``dtypes``: from the safetensors headers (a GGUF's tensor types: "Q4_K" ...;
+    the converted SmolLM2 folder's block kinds: "Q4_1", "Q8_0"). ``tokenizer``: the
+    tokenizer.json path (the .gguf file itself when its metadata holds the tokenizer), or None
+    (then ``notes`` says so). ``vocab_in_tokenizer``: its largest id + 1. ``format``:
+    "safetensors", "gguf" or "course-blocks" (the converted SmolLM2 folder); ``path``: the
+    .gguf file; ``gguf_architecture``: its ``general.architecture``.
     """
     folder: Path
     architecture: str
@@ -273,9 +322,17 @@ class Checkpoint:
     tokenizer: Path | None = None
     vocab_in_tokenizer: int | None = None
     notes: list[str] = field(default_factory=list)
+    format: str = "safetensors"
+    path: Path | None = None
+    gguf_architecture: str | None = None
+    nbytes: dict[str, int] | None = None
+    _reader: object = field(default=None, repr=False, compare=False)
 
     @property
     def files(self) -> list[str]:
+        """The weight files in ``folder`` (a GGUF source: the .gguf file's name)."""
+        if self.format == "gguf":
+            return [self.path.name]
         return sorted(set(self.weight_map.values()))
 
     def layer_names(self, i: int) -> list[str]:
@@ -288,9 +345,18 @@ class Checkpoint:
         return sorted(k for k in self.weight_map if k.startswith(prefix))
 
     def stored_bytes(self) -> int:
-        """Bytes of the tensors the model uses, as stored (BF16 checkpoint: 2 per parameter)."""
+        """Bytes of the tensors the model uses, as stored (BF16 checkpoint: 2 per parameter;
+        a GGUF file: its tensors' bytes, blocks and scales included)."""
+        if self.nbytes is not None:
+            return sum(self.nbytes.values())
         size = {"F32": 4, "F16": 2, "BF16": 2}
         return sum(math.prod(s) * size[self.dtypes[k]] for k, s in self.shapes.items())
+
+    @property
+    def quantized(self) -> list[str]:
+        """The tensor types of this checkpoint's weights that are already quantized (a GGUF's
+        "Q4_K" ..., the converted SmolLM2's "Q4_1", "Q8_0"); empty for float weights."""
+        return sorted({d for d in self.dtypes.values() if d not in FLOAT_DTYPES})
 
 
 def _expected(cfg: ModelConfig) -> dict[str, tuple]:
@@ -379,7 +445,12 @@ def open_checkpoint(folder) -> Checkpoint:
     """Check a checkpoint folder without reading a weight: config.json (a supported
     architecture), the index and its shards, every tensor's name, shape and dtype (from the
     safetensors headers) against the config, and the tokenizer's vocabulary against the
-    embedding. Each problem raises with what is wrong and what to do."""
+    embedding. Each problem raises with what is wrong and what to do.
+
+    ``folder`` may also be a ``.gguf`` file (:func:`_open_gguf`) or the course's converted
+    SmolLM2 folder (block codes in ``weights.safetensors``, :func:`_open_course_blocks`)."""
+    if _is_gguf(folder):
+        return _open_gguf(Path(folder).expanduser())
     cfg_path = _config_path(folder)
     if cfg_path.name == "config.json" and Path(folder).is_file():
         raise NotADirectoryError(f"pass the checkpoint folder, not its config.json: "
@@ -388,6 +459,8 @@ def open_checkpoint(folder) -> Checkpoint:
     raw = read_raw_config(folder)
     arch = architecture(raw)
     cfg = own_config(raw)
+    if _course_blocks_file(folder) is not None:
+        return _open_course_blocks(folder, arch, cfg)
     index_map, files = _weight_files(folder)
     found: dict[str, tuple[tuple, str]] = {}
     where: dict[str, str] = {}
@@ -436,7 +509,13 @@ def open_checkpoint(folder) -> Checkpoint:
     ck = Checkpoint(folder, arch, cfg, {k: where[k] for k in expected},
                     {k: found[k][0] for k in expected}, {k: found[k][1] for k in expected},
                     notes=notes)
-    tj = folder / "tokenizer.json"
+    return _with_tokenizer(ck)
+
+
+def _with_tokenizer(ck: Checkpoint) -> Checkpoint:
+    """The folder's tokenizer.json, checked against the embedding's rows."""
+    cfg = ck.config
+    tj = ck.folder / "tokenizer.json"
     if tj.exists():
         n = _vocab_of(tj)
         if n > cfg.vocab_size:
@@ -453,12 +532,145 @@ def open_checkpoint(folder) -> Checkpoint:
     return ck
 
 
+# ----------------------------------------------------------------------------- other sources
+#: Block kinds of the converted SmolLM2 folder (smollm.convert): ``<name>.<kind>.codes`` ...
+COURSE_BLOCK_KINDS = ("q4_0", "q4_1", "q8_0")
+_WARNED: set = set()
+
+
+def _course_blocks_file(folder: Path) -> Path | None:
+    """weights.safetensors of a course-converted folder (its tensors are block codes,
+    ``<name>.q4_1.codes`` ...), or None for an ordinary checkpoint."""
+    f = folder / "weights.safetensors"
+    if not f.is_file() or any(folder.glob("model*.safetensors")):
+        return None
+    names = _header(f)
+    if any(re.search(r"\.(q4_0|q4_1|q8_0)\.codes$", k) for k in names):
+        return f
+    return None
+
+
+def _open_course_blocks(folder: Path, arch: str, cfg: ModelConfig) -> Checkpoint:
+    """The course's converted SmolLM2 folder (``python -m course_lib.smollm convert``):
+    ``weights.safetensors`` holds each quantized weight as its block codes, fp16 scales and
+    minimums; ``source.json`` says which file they came from."""
+    f = folder / "weights.safetensors"
+    header = _header(f)
+    shapes, dtypes = {}, {}
+    for k, (shape, dt) in header.items():
+        m = re.fullmatch(r"(.+)\.(q4_0|q4_1|q8_0)\.(codes|scale|minimum)", k)
+        if m is None:
+            shapes[k], dtypes[k] = shape, dt
+        elif m.group(3) == "codes":
+            shapes[m.group(1)], dtypes[m.group(1)] = shape, m.group(2).upper()
+    expected = _expected(cfg)
+    missing = sorted(set(expected) - set(shapes))
+    extra = sorted(set(shapes) - set(expected) - {"lm_head.weight"})
+    if missing or extra:
+        raise ValueError(f"{f} does not match config.json: missing {missing[:5]}, unexpected "
+                         f"{extra[:5]}; convert again with `python -m course_lib.smollm convert "
+                         f"--force`")
+    for k, shape in expected.items():
+        if shapes[k] != shape:
+            raise ValueError(f"tensor {k} has shape {shapes[k]} in {f} but config.json implies "
+                             f"{shape}; convert again with `python -m course_lib.smollm convert "
+                             f"--force`")
+    ck = Checkpoint(folder, arch, cfg, {k: f.name for k in expected},
+                    {k: shapes[k] for k in expected}, {k: dtypes[k] for k in expected},
+                    format="course-blocks")
+    src = folder / "source.json"
+    where = json.loads(src.read_text()).get("file", "?") if src.is_file() else "?"
+    ck.notes.append(f"the course's converted folder: weights decoded from their block codes "
+                    f"({', '.join(ck.quantized)}; from {where}, source.json), as smollm.load() "
+                    f"decodes them")
+    return _with_tokenizer(ck)
+
+
+def _open_gguf(path: Path) -> Checkpoint:
+    """A GGUF file as a :class:`Checkpoint`: the architecture (llama, qwen2, qwen3), the
+    config from its metadata, every tensor's name, shape and type checked (no weight
+    decoded), the tokenizer in its metadata against the embedding."""
+    from course_lib import gguf_model as gm
+    reader, garch = _gguf_reader(path)
+    cfg = gm.config_from_gguf(reader)
+    expected = _expected(cfg)
+    weight_map, shapes, dtypes, nbytes = {}, {}, {}, {}
+    for t in reader.tensors:
+        if t.name == gm.ROPE_FREQS:                       # folded into cfg.rope_scaling
+            continue
+        kind = t.tensor_type.name
+        if kind not in gm.DECODED_TYPES:
+            raise ValueError(f"tensor {t.name} of {path.name} is stored as {kind}, which the "
+                             f"course does not decode; it decodes {', '.join(gm.DECODED_TYPES)}. "
+                             f"Use a file in one of them (llama.cpp's llama-quantize writes "
+                             f"them), ideally the F16/BF16 one")
+        name = gm.hf_name(t.name, garch)
+        weight_map[name] = t.name
+        shapes[name] = tuple(int(s) for s in reversed(t.shape.tolist()))
+        dtypes[name], nbytes[name] = kind, int(t.n_bytes)
+    missing = sorted(set(expected) - set(weight_map))
+    extra = sorted(set(weight_map) - set(expected))
+    if missing or extra:
+        raise ValueError(f"the tensors of {path.name} do not match its metadata ({garch}): "
+                         f"missing {missing[:5]}, unexpected {extra[:5]}; the file may be "
+                         f"incomplete or of a variant the course does not compute")
+    for k, shape in expected.items():
+        if shapes[k] != shape:
+            raise ValueError(f"tensor {weight_map[k]} has shape {shapes[k]} but the metadata "
+                             f"implies {shape}; the file is inconsistent")
+    ck = Checkpoint(path.parent, gm.ARCHITECTURES[garch], cfg, weight_map, shapes, dtypes,
+                    format="gguf", path=path, gguf_architecture=garch, nbytes=nbytes,
+                    _reader=reader)
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is not None:
+        n = len(tokens.contents())
+        if n > cfg.vocab_size:
+            raise ValueError(f"the tokenizer in {path.name} has {n} tokens but the embedding "
+                             f"has {cfg.vocab_size} rows: the file's tokenizer and weights "
+                             f"belong to different models")
+        ck.tokenizer, ck.vocab_in_tokenizer = path, n
+        if n < cfg.vocab_size:
+            ck.notes.append(f"the embedding has {cfg.vocab_size - n} rows no token uses")
+    else:
+        ck.notes.append(f"{path.name} holds no tokenizer (tokenizer.ggml.tokens): loading "
+                        f"works, evaluating on text does not")
+    if ck.quantized:
+        _warn_quantized(ck)
+    return ck
+
+
+def _warn_quantized(ck: Checkpoint) -> None:
+    """Once per file: a quantized GGUF's weights already sit on their grid."""
+    key = (str(ck.path.resolve()), ck.path.stat().st_mtime_ns)
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    counts = {}
+    for k, d in ck.dtypes.items():
+        if d not in FLOAT_DTYPES:
+            counts[d] = counts.get(d, 0) + 1
+    kinds = ", ".join(f"{d} ({n} tensors)" for d, n in sorted(counts.items()))
+    msg = (f"{ck.path.name} is already quantized: {kinds}. Its weights sit on that grid, so "
+           f"quantizing them again inherits it: a method's error is then measured against "
+           f"this quantized model, not the original one, and stacks on the file's own error "
+           f"(lesson 13's double-quantization trap). Start from the F16/BF16 release to "
+           f"measure a method")
+    ck.notes.append(msg)
+    warnings.warn(msg, UserWarning, stacklevel=4)
+
+
 def _as_checkpoint(source) -> Checkpoint:
     return source if isinstance(source, Checkpoint) else open_checkpoint(source)
 
 
 def _read(ck: Checkpoint, names: list[str], dtype) -> dict[str, torch.Tensor]:
-    """The tensors ``names``, each read on its own from its shard (safe_open: lazy)."""
+    """The tensors ``names``, each read on its own from its shard (safe_open: lazy), or
+    decoded from the GGUF file (mapped: only these tensors' bytes are read) or from the
+    converted folder's block codes."""
+    if ck.format == "gguf":
+        return _read_gguf(ck, names, dtype)
+    if ck.format == "course-blocks":
+        return _read_course_blocks(ck, names, dtype)
     from safetensors import safe_open
     by_file: dict[str, list[str]] = {}
     for k in names:
@@ -467,6 +679,37 @@ def _read(ck: Checkpoint, names: list[str], dtype) -> dict[str, torch.Tensor]:
     for f, ks in by_file.items():
         with safe_open(str(ck.folder / f), framework="pt") as h:
             for k in ks:
+                out[k] = h.get_tensor(k).to(dtype)
+    return out
+
+
+def _read_gguf(ck: Checkpoint, names: list[str], dtype) -> dict[str, torch.Tensor]:
+    from course_lib import gguf_model as gm
+    if ck._reader is None:
+        ck._reader = gm.open_gguf(ck.path)
+    by_name = {t.name: t for t in ck._reader.tensors}
+    out = {}
+    for k in names:
+        _, v = gm.decode_tensor(by_name[ck.weight_map[k]], ck.gguf_architecture, ck.config)
+        out[k] = (v.dequantize() if isinstance(v, gm.BlockQuantized) else v).to(dtype)
+    return out
+
+
+def _read_course_blocks(ck: Checkpoint, names: list[str], dtype) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+    from course_lib.gguf_model import BlockQuantized
+    out = {}
+    with safe_open(str(ck.folder / "weights.safetensors"), framework="pt") as h:
+        for k in names:
+            kind = ck.dtypes[k].lower()
+            if kind in COURSE_BLOCK_KINDS:
+                keys = set(h.keys())
+                m = f"{k}.{kind}.minimum"
+                bq = BlockQuantized(kind, h.get_tensor(f"{k}.{kind}.codes"),
+                                    h.get_tensor(f"{k}.{kind}.scale"),
+                                    h.get_tensor(m) if m in keys else None)
+                out[k] = bq.dequantize().to(dtype)
+            else:
                 out[k] = h.get_tensor(k).to(dtype)
     return out
 
@@ -522,12 +765,37 @@ def load_tokenizer(source):
     embedding by :func:`open_checkpoint`."""
     from course_lib.model import HFTokenizer
     ck = _as_checkpoint(source)
+    if ck.format == "gguf" and ck.tokenizer is not None:
+        return _gguf_tokenizer(ck.path)
+    if ck.tokenizer is None and ck.format == "gguf":
+        raise FileNotFoundError(f"{ck.path.name} holds no tokenizer (tokenizer.ggml.tokens); "
+                                f"use the tokenizer.json released with the model")
     if ck.tokenizer is None:
         raise FileNotFoundError(f"{ck.folder / 'tokenizer.json'} is missing: download "
                                 f"tokenizer.json with the checkpoint (a tokenizer.model alone is "
                                 f"sentencepiece's format: transformers' AutoTokenizer can "
                                 f"save_pretrained it as tokenizer.json)")
     return HFTokenizer(ck.tokenizer)
+
+
+def _gguf_tokenizer(path: Path):
+    """The tokenizer a GGUF file's metadata holds, as ``course_lib.model.HFTokenizer``: built by
+    transformers' GGUF tokenizer conversion (as ``smollm.convert`` builds SmolLM2's)."""
+    from course_lib.model import HFTokenizer
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ImportError("reading a GGUF file's tokenizer needs transformers (a course "
+                          "dependency): pip install transformers") from None
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as e:  # transformers raises several types for tokenizers it cannot build
+        raise ValueError(f"transformers cannot build the tokenizer of {path.name} ({e}); use "
+                         f"the tokenizer.json released with the model") from None
+    out = HFTokenizer.__new__(HFTokenizer)
+    out.tok = tok.backend_tokenizer
+    out.vocab_size = out.tok.get_vocab_size()
+    return out
 
 
 # ----------------------------------------------------------------------------- the bill
@@ -788,16 +1056,24 @@ def bill(source, method: str = "gptq", bits: int = 4, group_size: int = 128,
          free_bytes: int | None = None, path: str | None = None) -> Bill:
     """The bill of quantizing a checkpoint, from its ``config.json`` alone (no weight read).
 
-    ``source``: the checkpoint folder, its config.json or the dict. Parameters by part; bytes in
+    ``source``: the checkpoint folder, its config.json or the dict, a .gguf file or an opened
+    :class:`Checkpoint`. Parameters by part; bytes in
     each storage format (:func:`format_bytes`); the memory ``method`` needs whole-model and
     layer by layer (:func:`method_memory`) against ``free_bytes`` (default: this machine's free
     memory now, :func:`free_memory_bytes`); the size of the output, W``bits`` g``group_size``
     with the rest in BF16. ``path``: ``"layer"`` or ``"whole"`` to refuse (MemoryError, with
     the figures and what to change) when that path does not fit; None only reports.
     """
-    raw = read_raw_config(source)
-    arch = architecture(raw)
-    cfg = own_config(raw)
+    if isinstance(source, Checkpoint):
+        arch, cfg = source.architecture, source.config
+    elif _is_gguf(source):
+        from course_lib import gguf_model as gm
+        reader, garch = _gguf_reader(source)
+        arch, cfg = gm.ARCHITECTURES[garch], gm.config_from_gguf(reader)
+    else:
+        raw = read_raw_config(source)
+        arch = architecture(raw)
+        cfg = own_config(raw)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
     if isinstance(bits, bool) or bits not in (2, 3, 4, 8):
