@@ -124,6 +124,9 @@ WRITERS = {
 # modules that write JSON and mention results/ but write no results file
 NOT_WRITERS = {
     "course_lib/authoring/exercises.py": "writes notebooks",
+    "course_lib/stream.py": "writes the learner's quantized checkpoint (config.json, index); "
+                            "its docstring names results/stream_1b.json, which "
+                            "tools/stream_1b.py writes",
     "course_lib/preflight.py": "prints its report (--json) to stdout; only reads "
                                "results/lesson_memory.json",
     "course_lib/authoring/notebook_timer.py": "writes the timer's log lines; workshop.py turns "

@@ -309,20 +309,21 @@ AGENDAS: dict[str, list[tuple]] = {
         ("lesson", "08_smoothquant_w8a8", ["08.smoothing_factors", "08.fold_scales"]),
         ("lesson", "09_kernels", ["09.unpack_int4_bits"]),
         ("break", "break", 15),
-        ("lesson", "10_measure_decode_speed", ["10.layer_floor_ms", "10.floor_speedup"]),
+        ("lesson", "10_measure_decode_speed", ["10.layer_floor_ms"]),
         ("lesson", "11_kv_cache", ["11.kivi_bytes"]),
         ("break", "lunch", 45),
-        ("lesson", "12_validate_and_choose", ["12.mistakes_quiz", "12.first_divergence"]),
+        ("lesson", "12_validate_and_choose", ["12.mistakes_quiz"]),
         ("lesson", "13_ship_it", ["13.pack_q4_0"]),
         ("break", "break", 15),
         ("lesson", "14_k_quants", ["14.importance"]),
         ("lesson", "15_quantization_aware_training", ["15.ste"]),
         ("lesson", "16_rotations", ["16.hadamard_12k"]),
+        ("lesson", "17_your_own_model", ["17.count_parameters"]),
     ],
 }
 AGENDA_TITLES = {"half_day": "Half day: from the bill to a real model",
                  "day_1": "Two days, day 1: formats to GPTQ and AWQ",
-                 "day_2": "Two days, day 2: W8A8, kernels, the KV cache, shipping, below 4 bits, rotations"}
+                 "day_2": "Two days, day 2: W8A8, kernels, the KV cache, shipping, below 4 bits, rotations, your own model"}
 
 
 def walkthrough_minutes(stem: str) -> int:

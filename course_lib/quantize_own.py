@@ -1,0 +1,161 @@
+"""``python -m course_lib.quantize_own PATH --method gptq --bits 4 --out DIR``: quantize your own
+Hugging Face checkpoint one decoder layer at a time, score it, and say how to serve it
+(lesson 17).
+
+The steps, each printed as it runs:
+
+1. the bill (:func:`course_lib.own_model.bill`): parameters, bytes per format and the memory
+   the method needs one layer at a time against this machine's free memory; a method that does
+   not fit is refused with the figures and what to change;
+2. calibration windows from ``--calib FILE`` or the course's calibration text, tokenized with
+   the checkpoint's own tokenizer (RTN reads none);
+3. quantization, one layer in memory at a time, a progress bar over the layers
+   (:func:`course_lib.stream.quantize`); the folder appears only when it is complete;
+4. evaluation against the unquantized checkpoint on ``--eval FILE`` or the course's held-out
+   text (:func:`course_lib.stream.evaluate`): perplexity of both, KL and top-1 agreement;
+5. a summary table and the command that serves the folder with vLLM.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import sys
+
+EXAMPLES = """examples:
+  # GPTQ (act-order) W4 g128 of a Llama-3.2-1B downloaded with
+  # `hf download meta-llama/Llama-3.2-1B --local-dir ~/models/llama-3.2-1b`
+  python -m course_lib.quantize_own ~/models/llama-3.2-1b --method gptq --bits 4 \\
+      --out ~/models/llama-3.2-1b-w4-gptq
+
+  # AWQ on your own calibration text, scored on your own held-out text
+  python -m course_lib.quantize_own ~/models/qwen2.5-0.5b --method awq --calib my_train.txt \\
+      --eval my_heldout.txt --out ~/models/qwen2.5-0.5b-w4-awq
+
+  # RTN (no calibration) W8 per group of 64, replacing an earlier output
+  python -m course_lib.quantize_own ~/models/qwen3-0.6b --method rtn --bits 8 --group-size 64 \\
+      --out /tmp/qwen3-w8 --overwrite
+
+exit status: 0 done; 2 bad input (a refused argument, an existing --out, a text too short);
+1 the machine cannot do it (not enough memory or disk)."""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m course_lib.quantize_own",
+        description="Quantize a Hugging Face checkpoint folder (Llama 2/3.x, Mistral, Qwen2/2.5, "
+                    "Qwen3, SmolLM, TinyLlama) one decoder layer at a time into a "
+                    "compressed-tensors W4A16/W8A16 checkpoint that transformers and vLLM load, "
+                    "then score it against the original (lesson 17).",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", help="the checkpoint folder (config.json, *.safetensors, "
+                                "tokenizer.json)")
+    p.add_argument("--out", required=True, help="the output folder (refused if it holds files, "
+                                                "unless --overwrite)")
+    p.add_argument("--method", choices=("rtn", "gptq", "awq"), default="gptq",
+                   help="rtn: round to nearest, no calibration; gptq: GPTQ with act-order "
+                        "(lesson 06); awq: AWQ (lesson 07). Default gptq")
+    p.add_argument("--bits", type=int, choices=(4, 8), default=4, help="bits per weight "
+                   "(default 4)")
+    p.add_argument("--group-size", type=int, default=128,
+                   help="inputs per scale; must divide every Linear's inputs (default 128)")
+    p.add_argument("--no-act-order", action="store_true",
+                   help="GPTQ: quantize columns in their stored order")
+    p.add_argument("--calib", metavar="FILE", default=None,
+                   help="calibration text (UTF-8); default: the course's calibration text")
+    p.add_argument("--windows", type=int, default=16,
+                   help="calibration windows (default 16)")
+    p.add_argument("--window", type=int, default=512,
+                   help="tokens per calibration window (default 512)")
+    p.add_argument("--eval", metavar="FILE", default=None,
+                   help="held-out text to score on (UTF-8); default: the course's evaluation "
+                        "text, disjoint from its calibration text")
+    p.add_argument("--eval-windows", type=int, default=4,
+                   help="evaluation windows (default 4)")
+    p.add_argument("--eval-window", type=int, default=512,
+                   help="tokens per evaluation window (default 512)")
+    p.add_argument("--no-eval", action="store_true", help="skip the evaluation")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the checkpoint already in --out")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: torch's own choice)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def _fail(msg: str, code: int) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return code
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
+    import torch
+    from course_lib import export, own_model, stream
+    if a.threads is not None:
+        if a.threads < 1:
+            return _fail(f"--threads must be >= 1; got {a.threads}", 2)
+        torch.set_num_threads(a.threads)
+    progress = not a.no_progress
+    try:
+        ck = own_model.open_checkpoint(a.path)
+        calibrated = a.method != "rtn"
+        b = own_model.bill(ck, a.method, a.bits, a.group_size,
+                           calib_samples=a.windows if calibrated else 1,
+                           seq_len=a.window if calibrated else 1)
+        print(b.table(), flush=True)
+        for note in ck.notes:
+            print(f"note: {note}")
+        b.check("layer")
+        stream._check_out(a.out, ck, a.overwrite)             # refuse before tokenizing
+        ids = None
+        if calibrated:
+            ids = stream.calibration_ids(ck, a.calib, a.windows, a.window)
+            print(f"calibration: {ids.shape[0]} windows x {ids.shape[1]} tokens of "
+                  f"{a.calib or 'the course calibration text'}", flush=True)
+        eval_windows = None
+        if not a.no_eval:                                      # before the long part
+            eval_windows = stream.eval_ids(ck, a.eval, a.eval_windows, a.eval_window)
+        report = stream.quantize(ck, a.out, a.method, a.bits, a.group_size, ids=ids,
+                                 act_order=not a.no_act_order, overwrite=a.overwrite,
+                                 progress=progress)
+        scores = None
+        if eval_windows is not None:
+            scores = stream.evaluate(ck, report.folder, eval_windows, progress=progress)
+    except MemoryError as e:
+        return _fail(str(e), 1)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            return _fail(str(e.strerror or e), 1)
+        if isinstance(e, (FileExistsError, FileNotFoundError, NotADirectoryError)):
+            return _fail(str(e), 2)
+        raise
+    except (ValueError, TypeError) as e:
+        return _fail(str(e), 2)
+    print()
+    print(summary(report, scores, a.eval))
+    print()
+    print("serve it on a GPU machine with:")
+    print(f"  {export.vllm_command(report.folder)}")
+    print("or load it with transformers (compressed-tensors installed): "
+          f"AutoModelForCausalLM.from_pretrained({str(report.folder)!r})")
+    return 0
+
+
+def summary(report, scores: dict | None, eval_file=None) -> str:
+    """The command's closing table: the quantization's report, then the scores."""
+    lines = [report.table()]
+    if scores is not None:
+        pr = scores["perplexity"]
+        lines += [f"evaluation            {scores['n_windows']} windows x {scores['window']} "
+                  f"tokens of {eval_file or 'the course evaluation text'}",
+                  f"perplexity            {pr['reference']:.3f} unquantized -> "
+                  f"{pr['quantized']:.3f} quantized",
+                  f"KL(ref || quantized)  {scores['kl_nats']:.4f} nats per token "
+                  f"(windows {min(scores['windows']['kl_nats']):.4f}.."
+                  f"{max(scores['windows']['kl_nats']):.4f})",
+                  f"top-1 agreement       {scores['top1_agreement']:.3f}"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
