@@ -271,14 +271,8 @@ def _block_step(method, bits, group_size, act_order, scale_dtype, batch_size, kw
         damp, bsize = kw.get("damp", 0.01), kw.get("block_size", 128)
 
         def step(block, x, cos, sin):
-            Hs = gptq.block_hessians(block, x, cos, sin, batch_size)
-            lins = cal.linears(block)
-            for names in gptq.same_input(Hs):                  # q/k/v, o, gate/up, down
-                new = gptq.gptq_linears([lins[n] for n in names], Hs[names[0]], bits,
-                                        group_size, True, damp, bsize, act_order, scale_dtype,
-                                        None, grid)
-                for n, module in zip(names, new):
-                    cal.replace(block, n, module)
+            gptq.gptq_block(block, x, cos, sin, bits, group_size, True, damp, bsize, act_order,
+                            scale_dtype, batch_size, grid)
     else:
         def step(block, x, cos, sin):
             awq.awq_block(block, x, cos, sin, bits, group_size, True,

@@ -97,7 +97,7 @@ declare -A GROUP=(
   [attention]="tests/test_kernels_decode_attention.py"
   [rotation]="tests/test_kernels_hadamard_quant.py"
   [configs]="tests/test_kernels_configs.py tests/test_kernels_autotune.py"
-  [bench]="tests/test_bench.py tests/test_bench_lessons0910.py tests/test_bandwidth.py tests/test_device.py tests/test_hardware.py tests/test_validate_guide.py"
+  [bench]="tests/test_bench.py tests/test_bench_lessons0910.py tests/test_bandwidth.py tests/test_device.py tests/test_hardware.py tests/test_validate_guide.py tests/test_preflight.py"
 )
 ORDER="w4a16 w8a16 launch w8a8 attention rotation bench configs"
 

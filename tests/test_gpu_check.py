@@ -83,7 +83,8 @@ def test_every_gpu_sensitive_test_file_is_in_a_group():
         assert (ROOT / "tests" / name).exists(), f"gpu_check.sh names a missing file {name}"
     gpu_sensitive = {p.name for p in (ROOT / "tests").glob("test_*.py")
                      if re.search(r"on_gpu\(\)|cuda", p.read_text())}
-    gpu_sensitive -= {"test_gpu_check.py", "test_results_machine.py"}   # no GPU branch of their own
+    gpu_sensitive -= {"test_gpu_check.py", "test_results_machine.py",   # no GPU branch of their own
+                      "test_install_script.py"}   # reads the install files (Dockerfile.cuda by name)
     assert gpu_sensitive <= grouped, f"not run on a GPU: {sorted(gpu_sensitive - grouped)}"
 
 

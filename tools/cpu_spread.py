@@ -56,7 +56,7 @@ SETTING_VARS = {k for env in SETTINGS.values() for k in env}   # cleared before 
 
 @dataclass(frozen=True)
 class Capture:
-    """After code cell ``cell`` (0-based, code cells only) evaluate ``expr``: a dict of
+    """After code cell ``cell`` (0-based, code cells only, the hosted setup cell not counted) evaluate ``expr``: a dict of
     quantity name -> [live value, committed value]. A committed value of None marks a live
     number the lesson compares with a constant (course_lib.spread.BOUNDS)."""
     cell: int
@@ -164,7 +164,8 @@ def run_probe(key: str) -> dict:
 
     probe = PROBES[key]
     nb = nbformat.read(ROOT / probe.notebook, as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"]
+    code = [c for c in nb.cells if c.cell_type == "code"      # the lesson's own code cells:
+            and "course-setup" not in c.metadata.get("tags", [])]   # not the hosted setup cell
     last = max(c.cell for c in probe.captures)
     by_cell = {c.cell: c for c in probe.captures}
     # the lessons' band checks record instead of stopping, like the asserts removed below

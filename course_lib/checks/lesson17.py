@@ -230,18 +230,11 @@ def _rope(cfg, T):
 
 def gptq_block(block, x, cos, sin, bits=2, group_size=None, act_order=False):
     """A calibrated quantizer (the cases' and the lesson's): a COPY of ``block`` with every
-    Linear quantized by the library's GPTQ on the Hessians of its inputs ``x`` (n, T, D), the
-    calls :func:`course_lib.methods.gptq.gptq_model` makes on each block; ``group_size`` None:
-    one group per row."""
+    Linear quantized by the library's GPTQ on the Hessians of its inputs ``x`` (n, T, D)
+    (:func:`course_lib.methods.gptq.gptq_block`, the step gptq_model and stream take on each
+    block); ``group_size`` None: one group per row."""
     q = copy.deepcopy(block)
-    Hs = gptq.block_hessians(q, x, cos, sin)
-    lins = cal.linears(q)
-    for names in gptq.same_input(Hs):
-        g = group_size or lins[names[0]].in_features
-        new = gptq.gptq_linears([lins[n] for n in names], Hs[names[0]], bits, g,
-                                act_order=act_order)
-        for name, module in zip(names, new):
-            cal.replace(q, name, module)
+    gptq.gptq_block(q, x, cos, sin, bits, group_size, act_order=act_order)
     return q
 
 

@@ -334,6 +334,25 @@ def block_hessians(block: nn.Module, x: torch.Tensor, cos, sin, batch_size: int 
     return {n: Hs[n][0] for n in lins}
 
 
+def gptq_block(block: nn.Module, x: torch.Tensor, cos, sin, bits: int = 4,
+               group_size: int | None = 128, symmetric: bool | None = None, damp: float = 0.01,
+               block_size: int = 128, act_order: bool = False,
+               scale_dtype: torch.dtype | None = None, batch_size: int = 16,
+               grid="course") -> None:
+    """GPTQ on every Linear of one decoder block, in place, on that block's inputs x (n, T, D)
+    (lesson 06; lesson 17 streams it layer by layer): the Hessians of each Linear's inputs,
+    then one GPTQ loop per group of Linears fed the same input (q/k/v, o, gate/up, down).
+    ``group_size`` None: one group per row (each Linear's whole input)."""
+    Hs = block_hessians(block, x, cos, sin, batch_size)
+    lins = cal.linears(block)
+    for names in same_input(Hs):                         # q/k/v, o, gate/up, down
+        g = group_size if group_size is not None else lins[names[0]].in_features
+        new = gptq_linears([lins[n] for n in names], Hs[names[0]], bits, g, symmetric, damp,
+                           block_size, act_order, scale_dtype, None, grid)
+        for name, module in zip(names, new):
+            cal.replace(block, name, module)
+
+
 def gptq_model(model: nn.Module, ids: torch.Tensor, bits: int = 4, group_size: int = 128,
                symmetric: bool | None = None, damp: float = 0.01, block_size: int = 128,
                act_order: bool = False, scale_dtype: torch.dtype | None = None,
@@ -352,17 +371,13 @@ def gptq_model(model: nn.Module, ids: torch.Tensor, bits: int = 4, group_size: i
                         f"{type(quantize_linear).__name__}")
 
     def quantize_block(block, x, cos, sin):
-        Hs = block_hessians(block, x, cos, sin, batch_size)
-        lins = cal.linears(block)
         if quantize_linear is not None:                  # the learner's step, Linear by Linear
-            for name, lin in lins.items():
+            Hs = block_hessians(block, x, cos, sin, batch_size)
+            for name, lin in cal.linears(block).items():
                 cal.replace(block, name, quantize_linear(lin, Hs[name]))
             return
-        for names in same_input(Hs):                     # q/k/v, o, gate/up, down
-            new = gptq_linears([lins[n] for n in names], Hs[names[0]], bits, group_size, sym,
-                               damp, block_size, act_order, scale_dtype, None, grid)
-            for name, module in zip(names, new):
-                cal.replace(block, name, module)
+        gptq_block(block, x, cos, sin, bits, group_size, sym, damp, block_size, act_order,
+                   scale_dtype, batch_size, grid)
 
     return cal.quantize_blockwise(model, ids, quantize_block, batch_size, progress=progress,
                                   desc="GPTQ" + (" act-order" if act_order else ""),
