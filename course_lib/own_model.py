@@ -935,7 +935,10 @@ def method_memory(cfg: ModelConfig, method: str = "gptq", path: str = "layer",
                   ) -> dict[str, float]:
     """Peak memory (bytes) of quantizing with ``method`` along ``path``, by part, in fp32.
 
-    ``"whole"``: the whole model in fp32, as the course's methods hold it today. ``"layer"``:
+    ``"whole"``: the whole model in fp32, held once (as llm-compressor's oneshot holds it on the
+    CPU); the course's own whole-model path holds it twice (its methods quantize a
+    ``copy.deepcopy``) and ``export_compressed`` adds a bf16 state dict, so it measured about
+    2.4x this on Llama-3.2-1B's shapes (``results/stream_1b.json``). ``"layer"``:
     one decoder layer at a time, its weights and their quantized copy, or the embedding while
     layer 0's inputs are made, whichever is larger. Calibrated methods (GPTQ, AWQ) add the
     activations of every calibration sample at the layer's input and output (2 x samples x
