@@ -907,15 +907,21 @@ def _bins(context: int):
     return [e for e in edges if e < context] + [context]
 
 
+#: SmolLM2's text protocol (``course_lib.smollm.PROTOCOLS``): calibration and evaluation text
+#: share no verbatim run of 50 characters.
+PROTOCOL = "clean"
+
+
 def _load(model_name: str):
-    """(model, calibration ids, evaluation ids, bytes per token) for 'smollm2' or 'tiny'."""
+    """(model, calibration ids, evaluation ids) for 'smollm2' or 'tiny'."""
     from course_lib import data
     if model_name == "smollm2":
         from course_lib import smollm
         if not smollm.available():
             raise RuntimeError("SmolLM2 is not available here (see course_lib.smollm)")
         model = smollm.load()
-        return model, smollm.calibration_ids(), smollm.eval_ids()
+        return (model, smollm.calibration_ids(protocol=PROTOCOL),
+                smollm.eval_ids(protocol=PROTOCOL))
     from course_lib.model import load_pretrained
     text = data.heldout_text()
     half = len(text) // 2   # the bundled model: calibrate on the second half, evaluate on the first
@@ -929,8 +935,44 @@ def eval_windows(eval_ids: torch.Tensor, context: int, n_windows: int) -> torch.
     if n_fit < n_windows:
         raise ValueError(f"the evaluation text holds {n_fit} windows of {context} tokens; "
                          f"asked for {n_windows}")
-    starts = [round(i * (n_fit - 1) / max(n_windows - 1, 1)) * context for i in range(n_windows)]
-    return torch.stack([eval_ids[s:s + context + 1] for s in starts])
+    return torch.stack([eval_ids[s:s + context + 1]
+                        for s in window_starts(len(eval_ids), context, n_windows)])
+
+
+def window_starts(n_ids: int, context: int, n_windows: int) -> list[int]:
+    """Where :func:`eval_windows` starts each window in ``n_ids`` evaluation ids."""
+    n_fit = (n_ids - 1) // context
+    return [round(i * (n_fit - 1) / max(n_windows - 1, 1)) * context for i in range(n_windows)]
+
+
+def per_window(scores: list[dict], formats) -> dict:
+    """Each window's whole-window figures and, from 2 windows on, a bootstrap interval per
+    mean (``course_lib.protocol``), and each format's KL paired against int8's (lesson 11).
+
+    Returns {"windows": {format: {"ppl", "kl", "top1": [one per window]}},
+    "interval": {format: {"kl", "top1": [lo, hi]}} or None, "paired_kl_vs_int8": ...}."""
+    from course_lib import protocol
+    win = {f: {"ppl": [math.exp(float(s[f]["nll"].mean())) for s in scores],
+               "kl": [float(s[f]["kl"].mean()) for s in scores],
+               "top1": [float(s[f]["agree"].float().mean()) for s in scores]} for f in formats}
+    out = {"windows": win, "interval": None, "paired_kl_vs_int8": None}
+    if len(scores) >= 2:
+        out["interval"] = {f: {k: protocol.interval(win[f][k]) for k in ("kl", "top1")}
+                           for f in formats}
+        if "int8" in formats:
+            out["paired_kl_vs_int8"] = {f: protocol.paired(win[f]["kl"], win["int8"]["kl"])
+                                        for f in formats if f not in ("int8", "bf16")}
+    return out
+
+
+def _protocol_record(n_ids: int, context: int, n_windows: int) -> dict:
+    from course_lib import protocol
+    return {"name": PROTOCOL, "text": f"course_lib.smollm.texts({PROTOCOL!r})[1]",
+            "calibration": f"course_lib.smollm.texts({PROTOCOL!r})[0] (no 50-character run "
+                           f"shared with the evaluation text)",
+            "window_starts": window_starts(n_ids, context, n_windows), "eval_tokens": n_ids,
+            "spread": f"per-window figures; {protocol.LEVEL:.0%} bootstrap intervals over "
+                      f"windows ({protocol.N_BOOT} resamples)"}
 
 
 def run(model_name: str = "smollm2", context: int = 4096, n_windows: int = 3,
@@ -952,10 +994,15 @@ def run(model_name: str = "smollm2", context: int = 4096, n_windows: int = 3,
            "bytes_per_token": {f: bytes_per_token(f, L, K, hd, context) for f in formats},
            "bits_per_value": {f: bits_per_value(f, hd) for f in formats},
            "machine": device.machine_record()}
+    if model_name == "smollm2":
+        res["protocol"] = _protocol_record(len(eval_ids), context, n_windows)
+    path = Path(out or Path(__file__).resolve().parent.parent / "results" / f"kv_{model_name}.json")
+    if path.exists() and "decode_attention" in json.loads(path.read_text()):
+        # the GPU timing rows (kernels.decode_attention) are measured by another command: kept
+        res["decode_attention"] = json.loads(path.read_text())["decode_attention"]
     if live:
         res["live"] = live_slice(model, eval_ids, scales, **live)
         log(f"live slice done, {time.time() - t0:.0f} s")
-    path = Path(out or Path(__file__).resolve().parent.parent / "results" / f"kv_{model_name}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     scores = []
     for i, w in enumerate(eval_windows(eval_ids, context, n_windows)):
@@ -963,6 +1010,7 @@ def run(model_name: str = "smollm2", context: int = 4096, n_windows: int = 3,
         res["windows_done"] = i + 1          # written after every window: a partial run counts
         res["by_position"] = by_position(scores, _bins(context))
         res["overall"] = {f: by_position(scores, [0, context])[f][0] for f in formats}
+        res.update(per_window(scores, formats))
         res["seconds"] = round(time.time() - t0, 1)
         path.write_text(json.dumps(res, indent=1) + "\n")
         log(f"window {i + 1}/{n_windows} done, {time.time() - t0:.0f} s; wrote {path}")

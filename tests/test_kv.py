@@ -206,6 +206,30 @@ def test_quality_orders_the_formats(model, scales):
     assert rows[1]["kl"] > 0
 
 
+def test_per_window_figures_and_their_spread():
+    # two made-up windows of 4 positions: every figure below is worked by hand
+    def win(kl, agree):
+        return {"bf16": {"nll": torch.zeros(4), "kl": torch.zeros(4), "agree": torch.ones(4) > 0},
+                "int8": {"nll": torch.ones(4), "kl": torch.tensor(kl),
+                         "agree": torch.tensor(agree)},
+                "kivi2": {"nll": torch.ones(4) * 2, "kl": torch.tensor(kl) * 10,
+                          "agree": torch.tensor(agree)}}
+    s = [win([0.0, 0.1, 0.1, 0.2], [True, True, True, False]),
+         win([0.2, 0.2, 0.2, 0.2], [True, True, False, False])]
+    out = kv.per_window(s, ["bf16", "int8", "kivi2"])
+    assert out["windows"]["int8"]["kl"] == pytest.approx([0.1, 0.2])
+    assert out["windows"]["int8"]["top1"] == [0.75, 0.5]
+    assert out["windows"]["kivi2"]["ppl"] == pytest.approx([math.e ** 2] * 2)
+    lo, hi = out["interval"]["int8"]["kl"]
+    assert 0.1 - 1e-6 <= lo <= 0.15 <= hi <= 0.2 + 1e-6
+    pk = out["paired_kl_vs_int8"]["kivi2"]
+    assert pk["a_better"] == 0 and pk["clear"] and pk["diff"] == pytest.approx(1.35)
+    assert "bf16" not in out["paired_kl_vs_int8"]
+    one = kv.per_window(s[:1], ["int8"])          # one window: nothing to resample
+    assert one["interval"] is None and one["paired_kl_vs_int8"] is None
+    assert kv.window_starts(23883, 4096, 4) == [0, 4096, 12288, 16384]
+
+
 # ---------------------------------------------------------------- bad input
 
 def test_bad_input_says_what_to_do(model, scales):
