@@ -832,10 +832,15 @@ def count_parameters(cfg: ModelConfig) -> dict[str, int]:
 
 
 def _gguf_bytes(cfg: ModelConfig, mix: str) -> int:
-    """Bytes of a GGUF file's tensors in ``mix`` ("q8_0", "q4_0" or llama.cpp's "q4_k_m"): each
-    2-D weight priced row by row in the type llama.cpp gives it (``kmix.llama_type``: the head,
-    or a tied embedding, in Q6_K; 32-block fallbacks where rows are not a multiple of 256), 1-D
-    tensors (norms, biases) in F32 as llama.cpp keeps them."""
+    """Bytes of the GGUF file ``llama-quantize`` writes for ``mix`` ("q8_0", "q4_0" or
+    "q4_k_m"): each 2-D weight priced row by row in the type llama.cpp gives it, 1-D tensors
+    (norms, biases) in F32 as llama.cpp keeps them.
+
+    The head (or a tied embedding, which plays its part) is not stored in the file's base type:
+    in llama.cpp's ``llama_tensor_get_type`` (``src/llama-quant.cpp`` lines 488-510,
+    llama-cpp-python 0.3.36) it becomes Q6_K for any base type but Q8_0, and Q6_K falls back
+    to Q8_0 where rows are not a multiple of 256 (SmolLM2's 576): ``kmix.llama_type`` gives
+    that type. A Q8_0 file keeps its head in Q8_0. Q4_K_M's other rules: ``kmix.llama_type``."""
     p = count_parameters(cfg)
     L, D, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size
     tied = cfg.tie_word_embeddings
@@ -846,7 +851,8 @@ def _gguf_bytes(cfg: ModelConfig, mix: str) -> int:
         tensors += [(f"blk.{i}.{gguf[n]}.weight", o, c) for n, (o, c) in linear_shapes(cfg).items()]
     total = 4 * (L * p["small_per_layer"] + D)
     for name, rows, cols in tensors:
-        if mix == "q4_k_m":
+        head = name == "output.weight" or (tied and name == "token_embd.weight")
+        if mix == "q4_k_m" or (head and mix != "q8_0"):
             fmt = kmix.llama_type("q4_k_m", name, cols, L, tied=tied).stored
         else:
             fmt = mix
@@ -897,11 +903,54 @@ def format_bytes(cfg: ModelConfig) -> dict[str, dict]:
         "W4 g128": {"bytes": linears(4, 128), "how": "Linears 4 + 16/128 bits; rest BF16"},
         "W4 g32": {"bytes": linears(4, 32), "how": "Linears 4 + 16/32 bits; rest BF16"},
         "Q8_0": {"bytes": _gguf_bytes(cfg, "q8_0"), "how": "GGUF: every 2-D weight 8.5 bits"},
-        "Q4_0": {"bytes": _gguf_bytes(cfg, "q4_0"), "how": "GGUF: every 2-D weight 4.5 bits"},
+        "Q4_0": {"bytes": _gguf_bytes(cfg, "q4_0"),
+                 "how": "GGUF: 2-D weights 4.5 bits, the head in Q6_K (Q8_0 when its rows are "
+                        "not a multiple of 256), as llama-quantize writes it"},
         "Q4_K_M": {"bytes": _gguf_bytes(cfg, "q4_k_m"),
                    "how": "GGUF: llama.cpp's mix (Q4_K, Q6_K on attn_v/ffn_down of some layers "
                           "and on the head)"},
     }
+
+
+#: Released configs (their config.json on the Hugging Face Hub, keys the count needs).
+SMOLLM2_135M = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+                "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+                "tie_word_embeddings": True}
+LLAMA32_1B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
+              "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+              "tie_word_embeddings": True, "rope_theta": 500000.0,
+              "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                               "original_max_position_embeddings": 8192,
+                               "rope_type": "llama3"}}
+LLAMA31_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
+              "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": False,
+              "rope_theta": 500000.0,
+              "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                               "original_max_position_embeddings": 8192,
+                               "rope_type": "llama3"}}
+QWEN25_05B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 151936,
+              "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+              "num_attention_heads": 14, "num_key_value_heads": 2, "tie_word_embeddings": True,
+              "rope_theta": 1000000.0, "use_sliding_window": False}
+QWEN3_06B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
+             "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+             "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+             "tie_word_embeddings": True, "rope_theta": 1000000, "attention_bias": False}
+MISTRAL_7B = {"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+              "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "tie_word_embeddings": False, "sliding_window": 4096}
+#: LLaMA 1's 7B as huggyllama/llama-7b ships it: written before transformers had
+#: num_key_value_heads, and without tie_word_embeddings (transformers' default: False).
+LLAMA1_7B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000,
+             "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+             "num_attention_heads": 32}
+#: Which config is which, for the lesson's table.
+RELEASED = {"SmolLM2-135M": SMOLLM2_135M, "Qwen2.5-0.5B": QWEN25_05B, "Qwen3-0.6B": QWEN3_06B,
+            "Llama-3.2-1B": LLAMA32_1B, "Mistral-7B-v0.1": MISTRAL_7B, "Llama-3.1-8B": LLAMA31_8B}
 
 
 METHODS = ("rtn", "gptq", "awq")

@@ -282,6 +282,28 @@ def _block_step(method, bits, group_size, act_order, scale_dtype, batch_size, kw
     return step
 
 
+def gptq_copy(block, x, cos, sin, bits: int = 4, group_size: int | None = None,
+              act_order: bool = False) -> Block:
+    """A COPY of ``block`` with every Linear quantized by the library's GPTQ on the Hessians of
+    its inputs ``x`` (n, T, D) (:func:`course_lib.methods.gptq.gptq_block`, the step
+    :func:`quantize` takes on each block, at its defaults); ``group_size`` None: one group per
+    row. Lesson 17 passes it to the sequential loop it builds."""
+    import copy
+    q = copy.deepcopy(block)
+    gptq.gptq_block(q, x, cos, sin, bits, group_size, act_order=act_order)
+    return q
+
+
+def rtn_copy(block, x, cos, sin, bits: int = 4, group_size: int | None = None) -> Block:
+    """A COPY of ``block`` with every Linear rounded to nearest (``x``, ``cos``, ``sin`` are
+    ignored: the baseline needs no calibration); ``group_size`` None: one scale per row."""
+    import copy
+    q = copy.deepcopy(block)
+    for name, lin in cal.linears(q).items():
+        cal.replace(q, name, cal.rtn_linear(lin, bits, group_size or lin.in_features))
+    return q
+
+
 def compressed_tensors(block, prefix: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """One quantized decoder block as a pack-quantized checkpoint stores it, under ``prefix``
     (``model.layers.<i>.``): what :func:`course_lib.export.export_compressed` writes for the

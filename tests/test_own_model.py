@@ -450,6 +450,31 @@ def test_bill_of_llama_3_1_8b_reuses_lesson_00_arithmetic():
     assert "does NOT fit" in b.table()
 
 
+def test_gguf_rows_price_the_head_as_llama_quantize_writes_it():
+    # Llama-3.1-8B: untied head 4096 wide (a multiple of 256) -> Q6_K in a Q4_0 file, Q8_0 in a
+    # Q8_0 file; the token embedding (untied) keeps the base type
+    b = O.bill(LLAMA31_8B, free_bytes=32 * 10 ** 9)
+    V, D, L = 128256, 4096, 32
+    from course_lib import kquants
+    all_q4_0 = b.formats["Q4_0"]["bytes"] - V * (kquants.row_bytes("q6_k", D)
+                                                - kquants.row_bytes("q4_0", D))
+    lin = L * 218_103_808 + V * D                       # the Linears and the embedding in Q4_0
+    small = 4 * (L * 2 * D + D)                         # norms in F32
+    assert all_q4_0 == (lin + V * D) // 32 * 18 + small   # the head too, in Q4_0
+    assert b.formats["Q8_0"]["bytes"] == (lin + V * D) // 32 * 34 + small
+
+
+def test_gguf_rows_match_the_files_llama_cpp_wrote_for_smollm2():
+    from course_lib import kmix_table, smollm
+    if not smollm.available():
+        pytest.skip("SmolLM2 is not converted here")
+    fb = O.format_bytes(O.own_config(smollm.model_dir()))
+    files = {r["file"]: r["tensor_bytes"] for r in kmix_table.load_table()["rows"]}
+    # the tied 576-wide head: Q6_K falls back to Q8_0 (576 is not a multiple of 256)
+    assert fb["Q4_0"]["bytes"] == files["Q4_0 (llama.cpp)"]
+    assert fb["Q4_K_M"]["bytes"] == files["Q4_K_M (llama.cpp)"]
+
+
 def test_a_method_that_does_not_fit_is_refused_with_the_figures():
     with pytest.raises(MemoryError) as e:
         O.bill(LLAMA31_8B, method="gptq", free_bytes=8 * 10 ** 9, path="layer")

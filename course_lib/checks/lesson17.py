@@ -9,14 +9,10 @@ from measured rows. The references are the library's where it has one
 """
 from __future__ import annotations
 
-import copy
-
 import torch
 
-from course_lib import own_model
+from course_lib import own_model, stream
 from course_lib.checks import Case, Exercise, register
-from course_lib.methods import calibration as cal
-from course_lib.methods import gptq
 from course_lib.model import Block, ModelConfig
 
 
@@ -27,45 +23,10 @@ def count_parameters(config):
     return own_model.count_parameters(own_model.own_config(config))["total"]
 
 
-#: Released configs (their config.json on the Hugging Face Hub, keys the count needs).
-SMOLLM2_135M = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
-                "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-                "tie_word_embeddings": True}
-LLAMA32_1B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
-              "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
-              "tie_word_embeddings": True, "rope_theta": 500000.0,
-              "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                               "original_max_position_embeddings": 8192,
-                               "rope_type": "llama3"}}
-LLAMA31_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
-              "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-              "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": False,
-              "rope_theta": 500000.0,
-              "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                               "original_max_position_embeddings": 8192,
-                               "rope_type": "llama3"}}
-QWEN25_05B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 151936,
-              "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
-              "num_attention_heads": 14, "num_key_value_heads": 2, "tie_word_embeddings": True,
-              "rope_theta": 1000000.0, "use_sliding_window": False}
-QWEN3_06B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
-             "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
-             "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-             "tie_word_embeddings": True, "rope_theta": 1000000, "attention_bias": False}
-MISTRAL_7B = {"architectures": ["MistralForCausalLM"], "model_type": "mistral",
-              "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
-              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-              "tie_word_embeddings": False, "sliding_window": 4096}
-#: LLaMA 1's 7B as huggyllama/llama-7b ships it: written before transformers had
-#: num_key_value_heads, and without tie_word_embeddings (transformers' default: False).
-LLAMA1_7B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000,
-             "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
-             "num_attention_heads": 32}
-#: Which config is which, for the lesson's table.
-RELEASED = {"SmolLM2-135M": SMOLLM2_135M, "Qwen2.5-0.5B": QWEN25_05B, "Qwen3-0.6B": QWEN3_06B,
-            "Llama-3.2-1B": LLAMA32_1B, "Mistral-7B-v0.1": MISTRAL_7B, "Llama-3.1-8B": LLAMA31_8B}
+#: Released configs, from the library (``own_model.RELEASED``: the keys the count needs).
+from course_lib.own_model import (LLAMA1_7B, LLAMA31_8B, LLAMA32_1B,  # noqa: E402,F401
+                                  MISTRAL_7B, QWEN3_06B, QWEN25_05B, RELEASED,
+                                  SMOLLM2_135M)
 
 
 def _cp_cases():
@@ -228,23 +189,14 @@ def _rope(cfg, T):
     return ang.cos(), ang.sin()
 
 
+#: The calibrated and the plain quantizer the cases (and the lesson) pass: the library's
+#: (``stream.gptq_copy``, ``stream.rtn_copy``), here at the cases' 2 bits.
 def gptq_block(block, x, cos, sin, bits=2, group_size=None, act_order=False):
-    """A calibrated quantizer (the cases' and the lesson's): a COPY of ``block`` with every
-    Linear quantized by the library's GPTQ on the Hessians of its inputs ``x`` (n, T, D)
-    (:func:`course_lib.methods.gptq.gptq_block`, the step gptq_model and stream take on each
-    block); ``group_size`` None: one group per row."""
-    q = copy.deepcopy(block)
-    gptq.gptq_block(q, x, cos, sin, bits, group_size, act_order=act_order)
-    return q
+    return stream.gptq_copy(block, x, cos, sin, bits, group_size, act_order)
 
 
 def rtn_block(block, x, cos, sin, bits=2, group_size=None):
-    """A quantizer that ignores x (round-to-nearest; ``group_size`` None: one scale per row),
-    on a COPY."""
-    q = copy.deepcopy(block)
-    for name, lin in cal.linears(q).items():
-        cal.replace(q, name, cal.rtn_linear(lin, bits, group_size or lin.in_features))
-    return q
+    return stream.rtn_copy(block, x, cos, sin, bits, group_size)
 
 
 def _si_cases():
