@@ -471,6 +471,47 @@ def gguf_architecture_of(cfg) -> str:
     return "llama"
 
 
+def gguf_fields(cfg, tokenizer=None, source=None, stacklevel: int = 2) -> list:
+    """A GGUF file's metadata for a course config, as (key, value type, value, item type): the
+    header :func:`export_gguf` writes and :mod:`course_lib.stream_gguf` streams (lesson 17).
+
+    With ``tokenizer`` (the model's folder or its tokenizer.json): the hyper-parameters of
+    ``cfg`` under the architecture's own key names (:func:`_model_fields`) and the tokenizer
+    built from that file (:func:`tokenizer_fields`); otherwise copied from ``source`` (default:
+    SmolLM2's packaged GGUF), checked against ``cfg`` (:func:`_gguf_metadata`). A sliding window
+    is not written (llama.cpp's converter does not write it): a warning says so."""
+    import warnings
+    if tokenizer is not None and source is not None:
+        raise ValueError("pass source= (a GGUF whose metadata and tokenizer are copied) or "
+                         "tokenizer= (the model's folder or tokenizer.json), not both")
+    arch = gguf_architecture_of(cfg)
+    if tokenizer is not None:
+        fields = _model_fields(cfg, arch) + tokenizer_fields(tokenizer, cfg.vocab_size)
+    else:
+        fields = _gguf_metadata(source, cfg)
+    if cfg.sliding_window is not None:
+        warnings.warn(f"the model attends through a sliding window of {cfg.sliding_window} "
+                      f"tokens; llama.cpp's {arch} architecture attends to every earlier token "
+                      f"(its converter does not write the window), so the file computes what "
+                      f"the model does on sequences up to {cfg.sliding_window} tokens only",
+                      UserWarning, stacklevel=stacklevel)
+    return fields
+
+
+def rope_row_order(gguf_name: str, cfg):
+    """The row order llama.cpp's converter stores ``gguf_name`` in, (out,) int64, or None when
+    the rows keep Hugging Face's order: the llama architecture interleaves the two halves of
+    each head of attn_q / attn_k (weights and biases) for its RoPE kernel
+    (:func:`course_lib.gguf_model.permute_rope_rows`); qwen2 and qwen3 do not."""
+    from course_lib.gguf_model import permute_rope_rows
+    if gguf_architecture_of(cfg) != "llama" or not gguf_name.endswith(
+            ("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias")):
+        return None
+    q = ".attn_q." in gguf_name
+    heads = cfg.num_attention_heads if q else cfg.num_key_value_heads
+    return permute_rope_rows(heads * cfg.head_dim, heads)
+
+
 def _model_fields(cfg, arch: str) -> list:
     """The hyper-parameter entries llama.cpp's converter writes for ``cfg`` (TextModel.
     set_gguf_parameters in conversion/base.py; LlamaModel adds the vocabulary size and the
@@ -692,9 +733,8 @@ def export_gguf(model: nn.Module, path: str | os.PathLike, fmt: str = "q4_0",
     temporary name beside ``path`` and renamed at the end, so a failed or refused export
     leaves nothing behind and never a half-written file.
     """
-    import warnings
     from gguf import GGMLQuantizationType as T
-    from course_lib.gguf_model import permute_rope_rows, write_gguf
+    from course_lib.gguf_model import write_gguf
     from course_lib.model import LlamaModel
     fmt = _check_gguf_format(fmt)
     embed_fmt = _check_gguf_format(embed_fmt, "embed_fmt") if embed_fmt is not None else \
@@ -716,17 +756,7 @@ def export_gguf(model: nn.Module, path: str | os.PathLike, fmt: str = "q4_0",
         raise FileExistsError(f"{path} exists; pass overwrite=True to replace it (or choose "
                               f"another name)")
     cfg = model.config
-    arch = gguf_architecture_of(cfg)
-    if tokenizer is not None:
-        fields = _model_fields(cfg, arch) + tokenizer_fields(tokenizer, cfg.vocab_size)
-    else:
-        fields = _gguf_metadata(source, cfg)
-    if cfg.sliding_window is not None:
-        warnings.warn(f"the model attends through a sliding window of {cfg.sliding_window} "
-                      f"tokens; llama.cpp's {arch} architecture attends to every earlier token "
-                      f"(its converter does not write the window), so the file computes what "
-                      f"the model does on sequences up to {cfg.sliding_window} tokens only",
-                      UserWarning, stacklevel=2)
+    fields = gguf_fields(cfg, tokenizer, source, stacklevel=3)
     mods = dict(model.named_modules())
     tensors = []                                  # (name, numpy array, raw type or None)
     factors = llama3_rope_factors(cfg)
@@ -742,11 +772,8 @@ def export_gguf(model: nn.Module, path: str | os.PathLike, fmt: str = "q4_0",
                                               strict_scales)
         except ValueError as e:
             raise ValueError(f"{name}: {e}") from None
-        if arch == "llama" and gname.endswith(("attn_q.weight", "attn_k.weight",
-                                               "attn_q.bias", "attn_k.bias")):
-            heads = cfg.num_attention_heads if ".attn_q." in gname else cfg.num_key_value_heads
-            order = permute_rope_rows(value.codes.shape[0] if hasattr(value, "codes")
-                                      else value.shape[0], heads)
+        order = rope_row_order(gname, cfg)
+        if order is not None:
             value = value.rows(order) if hasattr(value, "rows") else value[order.numpy()] \
                 if kind is None else value[order]
         if kind is None:

@@ -13,7 +13,11 @@ The steps, each printed as it runs:
    (:func:`course_lib.stream.quantize`); the folder appears only when it is complete;
 4. evaluation against the unquantized checkpoint on ``--eval FILE`` or the course's held-out
    text (:func:`course_lib.stream.evaluate`): perplexity of both, KL and top-1 agreement;
-5. a summary table and the command that serves the folder with vLLM.
+5. with ``--gguf FILE``: the folder written again as one GGUF file llama.cpp runs
+   (:func:`course_lib.stream_gguf.from_packed`: W4 as Q4_0, W8 as Q8_0, the codes and scales
+   unchanged; one layer in memory at a time, a progress bar over the layers);
+6. a summary table and the commands that serve the folder with vLLM and the GGUF file with
+   llama.cpp (``llama-cli -m FILE``, ``llama-server -m FILE``).
 """
 from __future__ import annotations
 
@@ -35,6 +39,10 @@ EXAMPLES = """examples:
   python -m course_lib.quantize_own ~/models/qwen3-0.6b --method rtn --bits 8 --group-size 64 \\
       --out /tmp/qwen3-w8 --overwrite
 
+  # GPTQ W4 g128, also written as a GGUF file llama.cpp runs (Q4_0 blocks, the same codes)
+  python -m course_lib.quantize_own ~/models/qwen2.5-0.5b --method gptq --out /tmp/q-w4 \\
+      --gguf /tmp/q-w4.gguf
+
 exit status: 0 done; 2 bad input (a refused argument, an existing --out, a text too short);
 1 the machine cannot do it (not enough memory or disk)."""
 
@@ -44,8 +52,9 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m course_lib.quantize_own",
         description="Quantize a Hugging Face checkpoint folder (Llama 2/3.x, Mistral, Qwen2/2.5, "
                     "Qwen3, SmolLM, TinyLlama) one decoder layer at a time into a "
-                    "compressed-tensors W4A16/W8A16 checkpoint that transformers and vLLM load, "
-                    "then score it against the original (lesson 17).",
+                    "compressed-tensors W4A16/W8A16 checkpoint that transformers and vLLM load "
+                    "(and, with --gguf, a GGUF file that llama.cpp runs), then score it against "
+                    "the original (lesson 17).",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", help="the checkpoint folder (config.json, *.safetensors, "
                                 "tokenizer.json)")
@@ -74,8 +83,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-window", type=int, default=512,
                    help="tokens per evaluation window (default 512)")
     p.add_argument("--no-eval", action="store_true", help="skip the evaluation")
+    p.add_argument("--gguf", metavar="FILE", default=None,
+                   help="also write the result as a GGUF file for llama.cpp (W4 -> Q4_0, W8 -> "
+                        "Q8_0, codes and scales unchanged; the embedding and head as the folder "
+                        "stores them). Needs --group-size a multiple of 32 and a byte-level BPE "
+                        "tokenizer.json (Llama 3, SmolLM, Qwen, Mistral Nemo)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the checkpoint already in --out")
+                   help="replace the checkpoint already in --out (and the --gguf file)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: torch's own choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -90,7 +104,7 @@ def _fail(msg: str, code: int) -> int:
 def main(argv=None) -> int:
     a = parser().parse_args(argv)
     import torch
-    from course_lib import export, own_model, stream
+    from course_lib import export, own_model, stream, stream_gguf
     if a.threads is not None:
         if a.threads < 1:
             return _fail(f"--threads must be >= 1; got {a.threads}", 2)
@@ -107,6 +121,8 @@ def main(argv=None) -> int:
             print(f"note: {note}")
         b.check("layer")
         stream._check_out(a.out, ck, a.overwrite)             # refuse before tokenizing
+        if a.gguf is not None:                                # settings GGUF holds exactly
+            stream_gguf.preflight(ck, a.bits, a.group_size, a.gguf, a.overwrite)
         ids = None
         if calibrated:
             ids = stream.calibration_ids(ck, a.calib, a.windows, a.window)
@@ -118,6 +134,14 @@ def main(argv=None) -> int:
         report = stream.quantize(ck, a.out, a.method, a.bits, a.group_size, ids=ids,
                                  act_order=not a.no_act_order, overwrite=a.overwrite,
                                  progress=progress)
+        gguf = None
+        if a.gguf is not None:
+            try:
+                gguf = stream_gguf.from_packed(report.folder, a.gguf, overwrite=a.overwrite,
+                                               progress=progress)
+            except ValueError as e:
+                raise ValueError(f"{e}\n(the quantized folder {report.folder} is complete; "
+                                 f"only the GGUF file was not written)") from None
         scores = None
         if eval_windows is not None:
             scores = stream.evaluate(ck, report.folder, eval_windows, progress=progress)
@@ -138,6 +162,12 @@ def main(argv=None) -> int:
     print(f"  {export.vllm_command(report.folder)}")
     print("or load it with transformers (compressed-tensors installed): "
           f"AutoModelForCausalLM.from_pretrained({str(report.folder)!r})")
+    if gguf is not None:
+        print()
+        print(gguf.table())
+        print("run the GGUF file with llama.cpp (its CLI, or its OpenAI-compatible server):")
+        print(f"  llama-cli -m {gguf.path}")
+        print(f"  llama-server -m {gguf.path}")
     return 0
 
 

@@ -41,6 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("3 methods and the KV cache", (
         "course_lib.methods", "course_lib.kv", "course_lib.export",
         "course_lib.stream", "course_lib.quantize_own",   # lesson 17
+        "course_lib.stream_gguf", "course_lib.own_kmix",  # lesson 17
         "course_lib.sensitivity", "course_lib.kmix_table",   # lesson 14
         "course_lib.rotation_table",   # lesson 16
         "course_lib.qat")),   # lesson 15

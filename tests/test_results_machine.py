@@ -108,6 +108,7 @@ WRITERS = {
     "course_lib/experiments/qat_tables.py": ["write_bundled", "write_smollm2",
                                              "rerun_exports"],   # lesson 15
     "course_lib/kv.py": ["run"],
+    "course_lib/own_kmix.py": ["validate"],   # lesson 17
     "course_lib/methods/w8a8.py": ["main", "add_sweep"],
     "course_lib/methods/llm_int8.py": ["main"],
     "course_lib/methods/gptq.py": ["benchmark_layer"],
@@ -241,6 +242,7 @@ def test_kv_sweep_record(tmp_path, monkeypatch):
     monkeypatch.setattr(kv, "eval_windows", lambda ids, context, n: [None])
     monkeypatch.setattr(kv, "window_scores", lambda *a, **k: {})
     monkeypatch.setattr(kv, "by_position", lambda scores, bins: {"bf16": [0.0]})
+    monkeypatch.setattr(kv, "per_window", lambda scores, formats: {})
     kv.run("tiny", context=32, n_windows=1, formats=("bf16",), out=tmp_path / "kv.json",
            log=lambda *a: None)
     _check_record(json.loads((tmp_path / "kv.json").read_text())["machine"])

@@ -362,3 +362,48 @@ def test_command_end_to_end(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(O, "free_memory_bytes", lambda: 1000)
     assert quantize_own.main(args + ["--overwrite"]) == 1
     assert "does NOT fit" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- --gguf
+def test_command_writes_a_gguf_file_and_says_how_to_run_it(tmp_path, capsys):
+    """--gguf: the folder written again as GGUF (stream_gguf.from_packed, tested in
+    tests/test_stream_gguf.py), with the llama.cpp commands beside the vLLM one."""
+    from test_stream_gguf import source         # a checkpoint with SmolLM2's tokenizer.json
+    src = source(tmp_path, "qwen2")
+    gguf = tmp_path / "m.gguf"
+    args = [str(src), "--method", "rtn", "--group-size", str(GROUP), "--out",
+            str(tmp_path / "out"), "--no-eval", "--gguf", str(gguf), "--no-progress",
+            "--threads", "1"]
+    assert quantize_own.main(args) == 0
+    text = capsys.readouterr().out
+    for s in ("vllm serve", f"llama-cli -m {gguf}", f"llama-server -m {gguf}", "Q4_0 x14",
+              "GGUF file"):
+        assert s in text, s
+    assert gguf.is_file() and (tmp_path / "out" / "config.json").is_file()
+    with pytest.raises(SystemExit):
+        quantize_own.main(["--help"])
+    assert "--gguf FILE" in capsys.readouterr().out
+
+
+def test_command_refuses_gguf_settings_before_any_work(tmp_path, capsys):
+    from test_stream_gguf import source
+    src = source(tmp_path, "qwen2")
+    base = [str(src), "--method", "rtn", "--out", str(tmp_path / "out"), "--no-eval",
+            "--no-progress", "--threads", "1"]
+    # a group GGUF's 32-weight blocks cannot hold
+    assert quantize_own.main(base + ["--group-size", "16", "--gguf", str(tmp_path / "a.gguf")]) \
+        == 2
+    assert "not a multiple of 32" in capsys.readouterr().err
+    # an existing file, without --overwrite
+    (tmp_path / "b.gguf").write_bytes(b"old")
+    assert quantize_own.main(base + ["--group-size", "32", "--gguf", str(tmp_path / "b.gguf")]) \
+        == 2
+    assert "exists" in capsys.readouterr().err
+    # a tokenizer llama.cpp's GGUF does not carry (a word-level one)
+    src2 = make(tmp_path / "w", "qwen2")
+    assert quantize_own.main([str(src2), "--method", "rtn", "--group-size", "32", "--out",
+                              str(tmp_path / "out2"), "--no-eval", "--gguf",
+                              str(tmp_path / "c.gguf")]) == 2
+    assert "tokenizer cannot be written" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
+    assert (tmp_path / "b.gguf").read_bytes() == b"old"
