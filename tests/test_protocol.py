@@ -152,8 +152,6 @@ PENDING_V1 = {
         "python -m course_lib.experiments.methods_table --model smollm2 ...",
     "methods_smollm2_llm-compressor-grid.json":
         "python -m course_lib.experiments.methods_table --model smollm2 ...",
-    "w8a8_smollm2.json": "python -m course_lib.methods.w8a8 --model smollm2",
-    "w8a8_smollm2_overlap.json": "python -m course_lib.methods.w8a8 --overlap-check",
 }
 #: SmolLM2 files that score nothing on the evaluation text's windows (speed only).
 NOT_QUALITY = {"smollm2_speed_cpu.json"}

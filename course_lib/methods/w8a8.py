@@ -41,7 +41,6 @@ from course_lib.methods.int8_common import (BUNDLED, SMOLLM, bundled_setup, eval
 FORMATS = {"int8": 127.0, "fp8_e4m3": 448.0}     # qmax: the largest code
 ACT_MODES = ("static_per_tensor", "dynamic_per_token")
 ROOT = Path(__file__).resolve().parents[2]
-OVERLAP_FILE = ROOT / "results" / "w8a8_smollm2_overlap.json"
 
 
 def _check(fmt: str, act: str):
@@ -303,51 +302,16 @@ def alpha_sweep(model, ref, calib_ids, alphas, act: str = "static_per_tensor",
 ALPHAS = (0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
-#: The variants re-ranked on overlap-free windows (``--overlap-check``): no smoothing, the
-#: reference smoothing, per-tensor and per-token scales, weights alone.
-OVERLAP_VARIANTS = tuple(v for v in VARIANTS if v[0] in (
-    "W8A16 INT8 (weights only)", "W8A8 INT8 static per-tensor",
-    "W8A8 INT8 static per-tensor + SmoothQuant 0.8", "W8A8 INT8 dynamic per-token",
-    "W8A8 INT8 dynamic per-token + SmoothQuant 0.8"))
-
-
 def protocol_window_texts(n: int) -> list[str]:
-    """The decoded text of SmolLM2's first ``n`` evaluation windows (``smollm.WINDOW`` tokens)."""
+    """The decoded text of SmolLM2's first ``n`` evaluation windows (``smollm.WINDOW`` tokens)
+    on the first protocol, "v1", whose halves overlap: lesson 05 measures that overlap window by
+    window, the reason every SmolLM2 table moved to the clean split."""
     from course_lib import smollm
 
     ids, tok, W = smollm.eval_ids("v1"), smollm.tokenizer(), smollm.WINDOW
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(ids) // W:
         raise ValueError(f"n must be a whole number of windows in 1..{len(ids) // W}; got {n!r}")
     return [tok.decode(ids[i * W:(i + 1) * W].tolist()) for i in range(n)]
-
-
-def overlap_check(run: int = 100, search: int = 32, variants=OVERLAP_VARIANTS) -> dict:
-    """Re-rank W8A8 variants on SmolLM2's first 8 evaluation windows that share no run of
-    ``run`` characters with the calibration half (``data.overlap_free_windows``) (lesson 05).
-
-    Returns {"run", "eval_overlap" (the whole evaluation half), "protocol_window_overlap" (each
-    of the protocol's windows), "windows" (chosen indices), "reference_perplexity", "rows"}."""
-    from course_lib import data, smollm
-    from course_lib import eval as ceval
-
-    calib_text, _ = data.topics_split()
-    texts = protocol_window_texts(search)
-    n = SMOLLM["n_windows"]
-    chosen = data.overlap_free_windows(texts, calib_text, n, run)
-    W = smollm.WINDOW
-    ids = smollm.eval_ids("v1")
-    ids = torch.cat([ids[i * W:(i + 1) * W] for i in chosen])                # (n * W,)
-    model = smollm.load()
-    ref = ceval.reference(model, ids, window=W - 1, batch_size=4,
-                          bytes_per_token=smollm.bytes_per_token("v1"), stride=W)
-    n_cal, T = SMOLLM["calib_rows"], SMOLLM["calib_tokens"]
-    calib = smollm.calibration_ids(n_cal * T, protocol="v1").view(n_cal, T)
-    rows = score_variants(model, ref, calib, variants)
-    return {"run": run, "eval_overlap": data.topics_overlap(run),
-            "protocol_window_overlap": [data.verbatim_overlap(t, calib_text, run)
-                                        for t in texts[:n]],
-            "windows": chosen, "eval_windows": eval_windows(ref),
-            "reference_perplexity": ref.perplexity, "rows": rows}
 
 
 def add_sweep(model_name: str, alphas) -> int:
@@ -389,20 +353,9 @@ def main(argv=None) -> int:
                    help="SmolLM2: evaluation windows of 512 tokens (default: the protocol's 8)")
     p.add_argument("--sweep-only", type=float, nargs="+", default=None, metavar="ALPHA",
                    help="add an alpha sweep at these alphas to the existing results file")
-    p.add_argument("--overlap-check", action="store_true",
-                   help="SmolLM2: re-rank some variants on evaluation windows that share no "
-                        "100-character run with the calibration text -> "
-                        "results/w8a8_smollm2_overlap.json")
     args = p.parse_args(argv)
     if args.windows is not None:
         SMOLLM["n_windows"] = args.windows
-    if args.overlap_check:
-        out = overlap_check()
-        out["torch"] = torch.__version__
-        out["machine"] = device.machine_record()
-        OVERLAP_FILE.write_text(json.dumps(out, indent=1) + "\n")
-        print("wrote", OVERLAP_FILE)
-        return 0
     if args.sweep_only:
         return add_sweep(args.model, args.sweep_only)
     torch.manual_seed(0)
