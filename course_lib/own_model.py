@@ -953,7 +953,9 @@ RELEASED = {"SmolLM2-135M": SMOLLM2_135M, "Qwen2.5-0.5B": QWEN25_05B, "Qwen3-0.6
             "Llama-3.2-1B": LLAMA32_1B, "Mistral-7B-v0.1": MISTRAL_7B, "Llama-3.1-8B": LLAMA31_8B}
 
 
-METHODS = ("rtn", "gptq", "awq")
+#: "kmix": a k-quant mix chosen by measured sensitivity (:mod:`course_lib.own_kmix`), written
+#: as GGUF (:func:`course_lib.stream_gguf.from_checkpoint`).
+METHODS = ("rtn", "gptq", "awq", "kmix")
 PATHS = ("layer", "whole")
 #: The defaults of :func:`bill` for calibrated methods: the GPTQ reference code's
 #: (github.com/IST-DASLab/gptq, llama.py: ``--nsamples`` default 128, ``model.seqlen = 2048``;
@@ -997,6 +999,8 @@ def method_memory(cfg: ModelConfig, method: str = "gptq", path: str = "layer",
     (in x in) Hessian per Linear of the layer, as the reference code's llama_sequential holds
     them (see :data:`CALIB_SAMPLES`), plus one inverse; AWQ the widest Linear's inputs again,
     for its search over scales (an estimate: implementations differ). RTN needs no calibration: only the weights.
+    "kmix" (:func:`course_lib.own_kmix.scan`) holds the layer's input, its float output and the
+    output with one tensor rounded.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
@@ -1020,9 +1024,15 @@ def method_memory(cfg: ModelConfig, method: str = "gptq", path: str = "layer",
     if method == "rtn":
         return parts
     n, T = calib_samples, seq_len
-    parts["calibration activations, layer in + out (fp32)"] = 2 * f32 * n * T * D
+    if method == "kmix":     # own_kmix.scan: the input, the float output, one rounded output
+        parts["calibration activations, layer in + out + a rounded out (fp32)"] = \
+            3 * f32 * n * T * D
+    else:
+        parts["calibration activations, layer in + out (fp32)"] = 2 * f32 * n * T * D
     parts["one sample's forward (fp32)"] = f32 * (3 * T * F_ + H * T * T)
     ins = [i for _, i in linear_shapes(cfg).values()]
+    if method == "kmix":
+        return parts
     if method == "gptq":
         parts["GPTQ Hessians, one per Linear (fp32)"] = f32 * (sum(i * i for i in ins)
                                                                + max(ins) ** 2)
@@ -1062,7 +1072,8 @@ class Bill:
 
     def _refusal(self, path: str) -> str:
         gb = lambda b: f"{b / hardware.GB:.2f} GB"   # noqa: E731
-        lines = [f"{self.method.upper()} W{self.bits} on this {self.architecture} "
+        what = "KMIX" if self.method == "kmix" else f"{self.method.upper()} W{self.bits}"
+        lines = [f"{what} on this {self.architecture} "
                  f"({self.params['total'] / 1e9:.2f}B parameters), "
                  f"{'one layer at a time' if path == 'layer' else 'whole model in memory'}, "
                  f"needs {gb(self.need[path])} but this machine has {gb(self.free_bytes)} free:"]
@@ -1091,7 +1102,9 @@ class Bill:
                "bytes per format:"]
         out += [f"  {k:<15}{gb(v['bytes'])}   {v['how']}" for k, v in self.formats.items()]
         free = "unknown" if self.free_bytes is None else gb(self.free_bytes).strip()
-        out.append(f"{self.method.upper()} W{self.bits} g{self.group_size} (output "
+        what = ("KMIX (a k-quant mix, GGUF" if self.method == "kmix" else
+                f"{self.method.upper()} W{self.bits} g{self.group_size} (")
+        out.append(f"{what} output "
                    f"{gb(self.output_bytes).strip()}), calibration {self.calib_samples} x "
                    f"{self.seq_len} tokens; free memory {free}:")
         for path in PATHS:
@@ -1145,7 +1158,10 @@ def bill(source, method: str = "gptq", bits: int = 4, group_size: int = 128,
                                       for o, i in linear_shapes(cfg).values())
     out += hardware.weight_bytes(p["total"] - cfg.num_hidden_layers * p["linear_per_layer"],
                                  "bf16")
-    b = Bill(arch, cfg, p, format_bytes(cfg), method, bits, group_size, calib_samples, seq_len,
+    fmts = format_bytes(cfg)
+    if method == "kmix":                           # a GGUF file at Q4_K_M's bytes by default
+        out = fmts["Q4_K_M"]["bytes"]
+    b = Bill(arch, cfg, p, fmts, method, bits, group_size, calib_samples, seq_len,
              parts, {k: float(sum(v.values())) for k, v in parts.items()},
              free_memory_bytes() if free_bytes is None else free_bytes, out)
     if path is not None:

@@ -16,6 +16,11 @@ The steps, each printed as it runs:
 5. with ``--gguf FILE``: the folder written again as one GGUF file llama.cpp runs
    (:func:`course_lib.stream_gguf.from_packed`: W4 as Q4_0, W8 as Q8_0, the codes and scales
    unchanged; one layer in memory at a time, a progress bar over the layers);
+``--method kmix`` takes another road after step 2: :func:`course_lib.own_kmix.scan` measures
+every tensor's cost in every k-quant format one layer at a time, :func:`course_lib.own_kmix.plan`
+chooses a format per tensor under ``--bpw`` (default: Q4_K_M's bytes) and
+:func:`course_lib.stream_gguf.from_checkpoint` writes the GGUF file, which step 4 scores.
+
 6. a summary table and the commands that serve the folder with vLLM and the GGUF file with
    llama.cpp (``llama-cli -m FILE``, ``llama-server -m FILE``).
 """
@@ -43,6 +48,11 @@ EXAMPLES = """examples:
   python -m course_lib.quantize_own ~/models/qwen2.5-0.5b --method gptq --out /tmp/q-w4 \\
       --gguf /tmp/q-w4.gguf
 
+  # a k-quant mix for llama.cpp: each tensor's format chosen by its measured sensitivity on
+  # the calibration text, at Q4_K_M's bytes (or --bpw 5.0), written as GGUF only
+  python -m course_lib.quantize_own ~/models/llama-3.2-1b --method kmix --windows 4 \\
+      --gguf /tmp/llama-3.2-1b-mix.gguf
+
 exit status: 0 done; 2 bad input (a refused argument, an existing --out, a text too short);
 1 the machine cannot do it (not enough memory or disk)."""
 
@@ -58,11 +68,16 @@ def parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", help="the checkpoint folder (config.json, *.safetensors, "
                                 "tokenizer.json)")
-    p.add_argument("--out", required=True, help="the output folder (refused if it holds files, "
-                                                "unless --overwrite)")
-    p.add_argument("--method", choices=("rtn", "gptq", "awq"), default="gptq",
+    p.add_argument("--out", default=None, help="the output folder (refused if it holds files, "
+                                               "unless --overwrite); needed by rtn, gptq, awq")
+    p.add_argument("--method", choices=("rtn", "gptq", "awq", "kmix"), default="gptq",
                    help="rtn: round to nearest, no calibration; gptq: GPTQ with act-order "
-                        "(lesson 06); awq: AWQ (lesson 07). Default gptq")
+                        "(lesson 06); awq: AWQ (lesson 07); kmix: a k-quant mix, a GGUF format "
+                        "per tensor chosen by each tensor's measured sensitivity on the "
+                        "calibration text (lessons 14, 17), written to --gguf only. Default gptq")
+    p.add_argument("--bpw", type=float, default=None, metavar="BITS",
+                   help="kmix: the file's bits per weight (default: the bytes of llama.cpp's "
+                        "Q4_K_M on this model, so the two compare at the same size)")
     p.add_argument("--bits", type=int, choices=(4, 8), default=4, help="bits per weight "
                    "(default 4)")
     p.add_argument("--group-size", type=int, default=128,
@@ -111,6 +126,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     progress = not a.no_progress
     try:
+        _check_outputs(a)
         ck = own_model.open_checkpoint(a.path)
         calibrated = a.method != "rtn"
         b = own_model.bill(ck, a.method, a.bits, a.group_size,
@@ -120,6 +136,8 @@ def main(argv=None) -> int:
         for note in ck.notes:
             print(f"note: {note}")
         b.check("layer")
+        if a.method == "kmix":
+            return _kmix(a, ck, progress)
         stream._check_out(a.out, ck, a.overwrite)             # refuse before tokenizing
         if a.gguf is not None:                                # settings GGUF holds exactly
             stream_gguf.preflight(ck, a.bits, a.group_size, a.gguf, a.overwrite)
@@ -171,19 +189,86 @@ def main(argv=None) -> int:
     return 0
 
 
+def _check_outputs(a) -> None:
+    """What each method writes: a folder (rtn, gptq, awq; --gguf besides) or a GGUF file only
+    (kmix)."""
+    if a.method == "kmix":
+        if a.gguf is None:
+            raise ValueError("--method kmix writes a GGUF file: give --gguf FILE")
+        if a.out is not None:
+            raise ValueError("--method kmix writes a GGUF file only (--gguf), no folder: drop "
+                             "--out")
+    else:
+        if a.out is None:
+            raise ValueError(f"--method {a.method} writes a compressed-tensors folder: give "
+                             f"--out DIR")
+        if a.bpw is not None:
+            raise ValueError("--bpw is the budget of --method kmix; the other methods store "
+                             "--bits per weight plus a scale per --group-size")
+
+
+def _kmix(a, ck, progress: bool) -> int:
+    """--method kmix: scan on calibration windows, plan under the budget, write the GGUF one
+    layer at a time, score the file's weights against the checkpoint (lesson 17)."""
+    from course_lib import own_kmix, stream, stream_gguf
+    stream_gguf.preflight(ck, None, None, a.gguf, a.overwrite)   # before the long part
+    ids = stream.calibration_ids(ck, a.calib, a.windows, a.window)
+    print(f"calibration: {ids.shape[0]} windows x {ids.shape[1]} tokens of "
+          f"{a.calib or 'the course calibration text'}", flush=True)
+    eval_windows = None
+    if not a.no_eval:
+        eval_windows = stream.eval_ids(ck, a.eval, a.eval_windows, a.eval_window)
+    result = own_kmix.scan(ck, ids, progress=progress)
+    mix = own_kmix.plan(result, bits_per_weight=a.bpw)
+    print(mix_table(mix), flush=True)
+    gguf = stream_gguf.from_checkpoint(ck, a.gguf, mix["types"], imatrix=result["imatrix"],
+                                       overwrite=a.overwrite, progress=progress)
+    scores = None
+    if eval_windows is not None:
+        import warnings
+        with warnings.catch_warnings():     # "a quantized GGUF keeps its grid": ours, on purpose
+            warnings.simplefilter("ignore")
+            scores = stream.evaluate(ck, gguf.path, eval_windows, progress=progress)
+    print()
+    print(gguf.table())
+    if scores is not None:
+        print(_scores_lines(scores, a.eval))
+    print("run the GGUF file with llama.cpp (its CLI, or its OpenAI-compatible server):")
+    print(f"  llama-cli -m {gguf.path}")
+    print(f"  llama-server -m {gguf.path}")
+    return 0
+
+
+def mix_table(mix: dict) -> str:
+    """The planned mix against llama.cpp's Q4_K_M on the same model: bytes, bits per weight,
+    tensors per format, and the measured cost each adds up to."""
+    def line(name, m):
+        kinds = ", ".join(f"{n} {t}" for t, n in sorted(m["by_type"].items()))
+        cost = "not measured" if m["estimated_cost"] is None else f"{m['estimated_cost']:.4g}"
+        return (f"{name:<22}{m['bytes'] / 1e9:8.3f} GB  {m['bits_per_weight']:6.3f} bits/weight  "
+                f"cost {cost}  ({kinds})")
+    return "\n".join(["k-quant mix by measured sensitivity (summed layer-local cost):",
+                      line("  the course's mix", mix), line("  llama.cpp Q4_K_M", mix["q4_k_m"])])
+
+
+def _scores_lines(scores: dict, eval_file=None) -> str:
+    pr = scores["perplexity"]
+    return "\n".join([
+        f"evaluation            {scores['n_windows']} windows x {scores['window']} "
+        f"tokens of {eval_file or 'the course evaluation text'}",
+        f"perplexity            {pr['reference']:.3f} unquantized -> "
+        f"{pr['quantized']:.3f} quantized",
+        f"KL(ref || quantized)  {scores['kl_nats']:.4f} nats per token "
+        f"(windows {min(scores['windows']['kl_nats']):.4f}.."
+        f"{max(scores['windows']['kl_nats']):.4f})",
+        f"top-1 agreement       {scores['top1_agreement']:.3f}"])
+
+
 def summary(report, scores: dict | None, eval_file=None) -> str:
     """The command's closing table: the quantization's report, then the scores."""
     lines = [report.table()]
     if scores is not None:
-        pr = scores["perplexity"]
-        lines += [f"evaluation            {scores['n_windows']} windows x {scores['window']} "
-                  f"tokens of {eval_file or 'the course evaluation text'}",
-                  f"perplexity            {pr['reference']:.3f} unquantized -> "
-                  f"{pr['quantized']:.3f} quantized",
-                  f"KL(ref || quantized)  {scores['kl_nats']:.4f} nats per token "
-                  f"(windows {min(scores['windows']['kl_nats']):.4f}.."
-                  f"{max(scores['windows']['kl_nats']):.4f})",
-                  f"top-1 agreement       {scores['top1_agreement']:.3f}"]
+        lines.append(_scores_lines(scores, eval_file))
     return "\n".join(lines)
 
 

@@ -778,7 +778,10 @@ def evaluate(reference, quantized, ids: torch.Tensor, progress: bool = True,
     """
     ref, q = _reader(reference), _reader(quantized)
     a, b = asdict(ref.config), asdict(q.config)
-    differ = [k for k in a if a[k] != b[k]]
+    # a GGUF file stores floats (rms_norm_eps, rope_theta) in float32: equal to 1e-6 is equal
+    same = lambda u, v: u == v or (isinstance(u, float) and isinstance(v, float)  # noqa: E731
+                                   and math.isclose(u, v, rel_tol=1e-6))
+    differ = [k for k in a if not same(a[k], b[k])]
     if differ:
         k = differ[0]
         raise ValueError(f"the two checkpoints are different models ({k}: {a[k]} in "

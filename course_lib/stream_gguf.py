@@ -352,16 +352,21 @@ def check_packed_settings(bits: int, group_size: int) -> None:
                          f"--group-size 32, 64, 128 ... for a GGUF file")
 
 
-def preflight(source, bits: int, group_size: int, path, overwrite: bool = False) -> Path:
+def preflight(source, bits: int | None, group_size: int | None, path,
+              overwrite: bool = False) -> Path:
     """What ``quantize_own --gguf`` checks before the long part: the settings GGUF holds
     exactly (:func:`check_packed_settings`), the target (a .gguf name, not an existing file
     unless ``overwrite``), and a tokenizer llama.cpp's GGUF can carry (the checkpoint's
     tokenizer.json, byte-level BPE: :func:`course_lib.export.tokenizer_fields`). Returns the
-    target path."""
-    check_packed_settings(bits, group_size)
+    target path. ``bits`` None (``--method kmix``, :func:`from_checkpoint`): no packed
+    settings to check, and a GGUF source's own tokenizer is copied."""
+    if bits is not None:
+        check_packed_settings(bits, group_size)
     path = _target(path, overwrite)
     ck = source if isinstance(source, own_model.Checkpoint) else \
         own_model.open_checkpoint(source)
+    if bits is None and ck.format == "gguf":
+        return path
     if ck.tokenizer is None or Path(ck.tokenizer).suffix != ".json":
         raise ValueError(f"{ck.folder} has no tokenizer.json, which the GGUF's tokenizer is "
                          f"built from: drop --gguf, or add the model's tokenizer.json")

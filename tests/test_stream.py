@@ -332,8 +332,8 @@ def test_command_help_names_the_options(capsys):
         quantize_own.main(["--help"])
     assert e.value.code == 0
     text = capsys.readouterr().out
-    for s in ("--method", "{rtn,gptq,awq}", "--bits", "--group-size", "--calib", "--eval",
-              "--windows", "--overwrite", "examples:", "exit status"):
+    for s in ("--method", "{rtn,gptq,awq,kmix}", "--bits", "--group-size", "--calib", "--eval",
+              "--windows", "--overwrite", "--bpw", "examples:", "exit status"):
         assert s in text, s
 
 
@@ -407,3 +407,42 @@ def test_command_refuses_gguf_settings_before_any_work(tmp_path, capsys):
     assert "tokenizer cannot be written" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
     assert (tmp_path / "b.gguf").read_bytes() == b"old"
+
+
+def test_command_kmix_writes_a_mix_by_measured_sensitivity(tmp_path, capsys):
+    """--method kmix: own_kmix's scan on the calibration text, its plan at a budget, the GGUF
+    written by stream_gguf.from_checkpoint, the file's weights scored against the source."""
+    from test_stream_gguf import source
+    from course_lib import kmix
+    src = source(tmp_path, "qwen2")
+    (tmp_path / "calib.txt").write_text(words(600, seed=1))
+    (tmp_path / "held.txt").write_text(words(200, seed=2))
+    gguf = tmp_path / "mix.gguf"
+    args = [str(src), "--method", "kmix", "--gguf", str(gguf), "--bpw", "8.47",
+            "--calib", str(tmp_path / "calib.txt"), "--windows", "2", "--window", "32",
+            "--eval", str(tmp_path / "held.txt"), "--eval-windows", "2", "--eval-window", "32",
+            "--no-progress", "--threads", "1"]
+    assert quantize_own.main(args) == 0
+    text = capsys.readouterr().out
+    for s in ("KMIX", "the course's mix", "llama.cpp Q4_K_M", "KL(ref || quantized)",
+              f"llama-cli -m {gguf}"):
+        assert s in text, s
+    rows = kmix.read_mix(gguf)
+    types = {r["type"] for r in rows if "blk." in r["name"] and r["name"].endswith(".weight")
+             and len(r["shape"]) == 2}
+    # a mix: the budget buys some tensors more bits (the tokenizer's 49,152-row embedding
+    # takes most of a tiny model's bytes: 8.43 bits per weight with every Linear at its
+    # smallest format, 8.50 with every Linear in Q8_0; 8.47 buys some upgrades, not all)
+    assert len(types) >= 2
+    # llama.cpp's bits per weight: every tensor's bits over every weight, within the budget
+    assert 8 * sum(r["bytes"] for r in rows) / sum(r["weights"] for r in rows) <= 8.47
+    # kmix writes a GGUF only: --out refused, --gguf required; --bpw belongs to kmix
+    assert quantize_own.main(args + ["--out", str(tmp_path / "o")]) == 2
+    assert "drop --out" in capsys.readouterr().err
+    assert quantize_own.main([a for a in args if a not in ("--gguf", str(gguf))]) == 2
+    assert "give --gguf FILE" in capsys.readouterr().err
+    assert quantize_own.main([str(src), "--method", "rtn", "--out", str(tmp_path / "o"),
+                              "--bpw", "5"]) == 2
+    assert "--bpw is the budget of --method kmix" in capsys.readouterr().err
+    assert quantize_own.main(args) == 2                        # the file exists
+    assert "exists" in capsys.readouterr().err
