@@ -80,12 +80,12 @@ BANDS: dict[str, Band] = {
     "08 W8A8 INT8 static per-tensor + SmoothQuant 0.8, down_proj and o_proj too KL":
         Band(0.02, "chaotic", _W8A8),                                   # measured 0.5%
     # lesson 11: SmolLM2's KV cache quantized, 320 tokens
-    "11 int8 ppl": Band(0.02, "chaotic", _KV),                          # measured 0.6%
-    "11 int8 kl": Band(0.5, "chaotic", _KV, 2e-5),                      # measured 12.8%
-    "11 fp8_tensor ppl": Band(0.03, "chaotic", _KV),                    # measured 0.8%
-    "11 fp8_tensor kl": Band(0.6, "chaotic", _KV, 2e-5),                # measured 16.6%
-    "11 kivi2 ppl": Band(0.03, "chaotic", _KV),                         # measured 0.6%
-    "11 kivi2 kl": Band(0.1, "chaotic", _KV, 2e-5),                     # measured 2.3%
+    "11 int8 ppl": Band(0.02, "chaotic", _KV),                          # measured 0.14%
+    "11 int8 kl": Band(0.5, "chaotic", _KV, 2e-5),                      # measured 4.5%
+    "11 fp8_tensor ppl": Band(0.03, "chaotic", _KV),                    # measured 0.99%
+    "11 fp8_tensor kl": Band(0.6, "chaotic", _KV, 2e-5),                # measured 3.6%
+    "11 kivi2 ppl": Band(0.03, "chaotic", _KV),                         # measured 0.86%
+    "11 kivi2 kl": Band(0.12, "chaotic", _KV, 2e-5),                    # measured 3.4%
     # lesson 12: the W4 g32 slice (SmolLM2), or the bundled W3 g128 RTN row without it
     "12 SmolLM2 W4 g32 perplexity": Band(1e-3, "smooth", _RTN),
     "12 SmolLM2 W4 g32 KL": Band(1e-3, "smooth", _RTN),
