@@ -729,6 +729,22 @@ def _reader(source):
     return _Unquantized(own_model.open_checkpoint(source))
 
 
+def load_packed(folder) -> LlamaModel:
+    """The folder :func:`quantize` wrote, read back whole as the course's model (fp32; each
+    Linear dequantized as :class:`GroupQuantLinear` computes it). For small models and
+    checks (lesson 17 compares it with llama.cpp running the GGUF file of the same codes);
+    :func:`evaluate` streams instead."""
+    r = _reader(folder)
+    if not isinstance(r, _Packed):
+        raise ValueError(f"{folder} is not a folder stream.quantize wrote (its config.json has "
+                         f"no quantization_config): open an unquantized checkpoint with "
+                         f"own_model.load")
+    sd = {k: v.float() for k, v in r.outer().items()}
+    for i in range(r.config.num_hidden_layers):
+        sd.update({f"model.layers.{i}.{k}": v for k, v in r.layer(i).state_dict().items()})
+    return own_model.model_from_state_dict(r.config, sd, torch.float32)
+
+
 # ----------------------------------------------------------------------------- evaluate
 @torch.no_grad()
 def _final_hidden(reader, ids, progress: bool, desc: str, batch_size: int) -> torch.Tensor:

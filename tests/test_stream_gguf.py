@@ -41,10 +41,11 @@ GROUP = 32
 IDS = torch.randint(0, 128, (4, 24), generator=torch.Generator().manual_seed(0))   # calibration
 TOL = 0.04          # of the largest |logit|: measured up to 0.013 (see the module docstring)
 #: (case, method, bits): llama with an untied head, qwen2's biases, qwen3's q/k norms, llama3's
-#: RoPE factors and tied head; RTN and GPTQ at 4 bits, GPTQ at 8 bits once.
+#: RoPE factors and tied head; RTN and GPTQ at 4 bits, AWQ (its scales folded into the
+#: weights before they are stored) once, GPTQ at 8 bits once.
 PACKED = [("tinyllama", "rtn", 4), ("tinyllama", "gptq", 4), ("qwen2", "rtn", 4),
           ("qwen2", "gptq", 4), ("qwen3", "rtn", 4), ("qwen3", "gptq", 4),
-          ("llama3", "gptq", 4), ("qwen2", "gptq", 8)]
+          ("llama3", "gptq", 4), ("qwen2", "awq", 4), ("qwen2", "gptq", 8)]
 
 
 def source(folder: Path, case: str, **over) -> Path:
@@ -56,13 +57,9 @@ def source(folder: Path, case: str, **over) -> Path:
 
 
 def packed_model(folder):
-    """The course's own reading of the quantized folder (stream._reader): the whole model, each
-    Linear dequantized in fp32 as GroupQuantLinear computes it."""
-    r = stream._reader(folder)
-    sd = {k: v.float() for k, v in r.outer().items()}
-    for i in range(r.config.num_hidden_layers):
-        sd.update({f"model.layers.{i}.{k}": v for k, v in r.layer(i).state_dict().items()})
-    return O.model_from_state_dict(r.config, sd, torch.float32)
+    """The course's own reading of the quantized folder: the whole model, each Linear
+    dequantized in fp32 as GroupQuantLinear computes it (stream.load_packed)."""
+    return stream.load_packed(folder)
 
 
 def quiet(f, *a, **kw):
