@@ -482,7 +482,8 @@ def validate(out: Path = RESULTS_FILE, progress: bool = True) -> dict:
                 "memory) against lesson 14's full-model KL per tensor "
                 "(results/kquants_sensitivity_smollm2.json), at the 4.5-bit format the "
                 "committed scan quantized each tensor to",
-        "protocol": {"windows": "sensitivity.scan_windows(): the committed scan's calibration "
+        "protocol": {"name": sensitivity.PROTOCOL,
+                     "windows": "sensitivity.scan_windows(): the committed scan's calibration "
                                 "windows, its positions 0..T-2 (the KL's)",
                      "n_windows": p["n_windows"], "tokens": p["window_tokens"] - 1,
                      "reference": "SmolLM2 layer by layer (own_model.load_layer), weights "

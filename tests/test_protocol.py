@@ -144,7 +144,6 @@ RESULTS = __import__("pathlib").Path(__file__).resolve().parent.parent / "result
 #: SmolLM2 tables not yet rerun on the clean protocol, with the command that reruns each.
 #: The list only shrinks: a table rerun on "clean" must leave it (the test below says so).
 PENDING_V1 = {
-    "kv_smollm2.json": "python -m course_lib.kv --model smollm2 --windows 4",
     "llm_compressor_smollm2.json": "python tools/llm_compressor_reference.py",
     "methods_smollm2_first-split.json": "the first split's methods table, kept for lesson 06's "
                                         "llm-compressor experiment until that is rerun",
