@@ -35,6 +35,12 @@ if os.environ.get("COURSE_NO_TRITON") == "1":
     if str(_NO_TRITON) not in _paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(_NO_TRITON)] + [p for p in _paths if p])
 
+# On a machine without a CUDA GPU, kernels sets TRITON_INTERPRET=1 before triton is imported.
+# Import it now, before any test imports a library that imports triton itself (transformers
+# does): otherwise a subset of the tests (tests/test_own_model.py before
+# tests/test_results_machine.py) finds triton imported without the interpreter.
+import kernels  # noqa: E402,F401
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
