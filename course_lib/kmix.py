@@ -349,6 +349,20 @@ def _shape(name, s, dims=(2,)) -> tuple:
     return tuple(int(v) for v in s)
 
 
+def check_imatrices(imatrix: dict | None, shapes: dict) -> None:
+    """Each importance vector of ``imatrix`` ({GGUF name: (in,)}) names a 2-D weight of
+    ``shapes`` ({GGUF name: shape}) and fits its width (lessons 14, 17); ValueError otherwise."""
+    for name, v in (imatrix or {}).items():
+        if name not in shapes:
+            raise ValueError(f"imatrix[{name!r}]: the file has no tensor {name!r}")
+        if len(shapes[name]) != 2:
+            raise ValueError(f"imatrix[{name!r}]: {name} is not a 2-D weight")
+        try:
+            kquants.check_imatrix(v, shapes[name][1])
+        except ValueError as e:
+            raise ValueError(f"imatrix[{name!r}]: {e}") from None
+
+
 def write_mix(src, dst, types: dict, imatrix: dict | None = None, file_type: str = "q4_k_m",
               overwrite: bool = False, progress: bool = False) -> Path:
     """Write GGUF ``dst`` from the F16 GGUF ``src`` with the block format ``types[name]`` for
@@ -393,13 +407,7 @@ def write_mix(src, dst, types: dict, imatrix: dict | None = None, file_type: str
         if fmt != "f16" and not kquants.fits(fmt, shapes[name][1]):
             raise ValueError(f"types[{name!r}] = {fmt!r}: "
                              f"{kquants._misfit(fmt, shapes[name][1])}")
-    for name, v in (imatrix or {}).items():
-        if len(shapes[name]) != 2:
-            raise ValueError(f"imatrix[{name!r}]: {name} is not a 2-D weight")
-        try:
-            kquants.check_imatrix(v, shapes[name][1])
-        except ValueError as e:
-            raise ValueError(f"imatrix[{name!r}]: {e}") from None
+    check_imatrices(imatrix, shapes)
     items = tensors
     if progress:
         from tqdm.auto import tqdm

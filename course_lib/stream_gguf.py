@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from course_lib import export, kquants, own_model
+from course_lib import export, kmix, kquants, own_model
 
 #: llama.cpp's file-type numbers (``general.file_type``), include/llama.h lines 118-150 of
 #: llama-cpp-python 0.3.36's llama.cpp (LLAMA_FTYPE_ALL_F32 = 0 ... LLAMA_FTYPE_MOSTLY_BF16 =
@@ -614,13 +614,7 @@ def from_checkpoint(source, path, types: dict, imatrix: dict | None = None,
     for gname, _, shape in order:
         kind = _check_kind(gname, types.get(gname, "f16" if len(shape) == 2 else "f32"), shape)
         plan.append(Entry(gname, shape, kind))
-    for name, v in (imatrix or {}).items():
-        if len(shapes[name]) != 2:
-            raise ValueError(f"imatrix[{name!r}]: {name} is not a 2-D weight")
-        try:
-            kquants.check_imatrix(v, shapes[name][1])
-        except ValueError as e:
-            raise ValueError(f"imatrix[{name!r}]: {e}") from None
+    kmix.check_imatrices(imatrix, shapes)
     kinds = {e.name: e.kind for e in plan}
     if file_type is None:
         weight = {}
