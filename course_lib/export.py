@@ -703,6 +703,19 @@ def llama3_rope_factors(cfg):
                              float(rs["original_max_position_embeddings"]))
 
 
+def gguf_target(path, overwrite: bool, flag: str = "overwrite=True") -> Path:
+    """The .gguf file to write (lessons 13, 17): a .gguf name, refused when it exists unless
+    ``overwrite`` (``flag``: how the caller's user says so)."""
+    from course_lib.smollm import file_target
+    path = file_target(path, "path", "model.gguf")
+    if path.suffix != ".gguf":
+        raise ValueError(f"path must name a .gguf file (llama.cpp's format); got {str(path)!r}")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists; pass {flag} to replace it, or choose another "
+                              f"name")
+    return path
+
+
 def export_gguf(model: nn.Module, path: str | os.PathLike, fmt: str = "q4_0",
                 source: str | os.PathLike | None = None, overwrite: bool = False,
                 embed_fmt: str | None = None, strict_scales: bool = True,
@@ -748,13 +761,7 @@ def export_gguf(model: nn.Module, path: str | os.PathLike, fmt: str = "q4_0",
     if tokenizer is not None and source is not None:
         raise ValueError("pass source= (a GGUF whose metadata and tokenizer are copied) or "
                          "tokenizer= (the model's folder or tokenizer.json), not both")
-    from course_lib.smollm import file_target
-    path = file_target(path, "path", "model.gguf")
-    if path.suffix != ".gguf":
-        raise ValueError(f"path must name a .gguf file (llama.cpp's format); got {str(path)!r}")
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} exists; pass overwrite=True to replace it (or choose "
-                              f"another name)")
+    path = gguf_target(path, overwrite)
     cfg = model.config
     fields = gguf_fields(cfg, tokenizer, source, stacklevel=3)
     mods = dict(model.named_modules())

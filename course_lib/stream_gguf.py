@@ -155,16 +155,9 @@ class GGUFReport:
 
 # ----------------------------------------------------------------------------- the writer
 def _target(path, overwrite: bool) -> Path:
-    from course_lib.smollm import file_target
     if not isinstance(overwrite, bool):
         raise TypeError(f"overwrite must be True or False; got {overwrite!r}")
-    path = file_target(path, "path", "model.gguf")
-    if path.suffix != ".gguf":
-        raise ValueError(f"path must name a .gguf file (llama.cpp's format); got {str(path)!r}")
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} exists; pass overwrite=True (--overwrite) to replace it, "
-                              f"or choose another name")
-    return path.expanduser().absolute()
+    return export.gguf_target(path, overwrite, "overwrite=True (--overwrite)").expanduser().absolute()
 
 
 def _check_space(path: Path, need: int) -> None:
