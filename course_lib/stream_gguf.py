@@ -157,7 +157,8 @@ class GGUFReport:
 def _target(path, overwrite: bool) -> Path:
     if not isinstance(overwrite, bool):
         raise TypeError(f"overwrite must be True or False; got {overwrite!r}")
-    return export.gguf_target(path, overwrite, "overwrite=True (--overwrite)").expanduser().absolute()
+    path = export.gguf_target(path, overwrite, "overwrite=True (--overwrite)")
+    return path.expanduser().absolute()
 
 
 def _check_space(path: Path, need: int) -> None:
