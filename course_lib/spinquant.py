@@ -47,6 +47,7 @@ import math
 import torch
 import torch.nn as nn
 
+from course_lib import quant
 from course_lib.hadamard import orthogonality_error, random_hadamard
 from course_lib.model import LlamaModel
 
@@ -169,20 +170,17 @@ def fake_quant_ste(x: torch.Tensor, bits: int = 4) -> torch.Tensor:
     """Symmetric absmax fake quantization along the last dim, gradient straight through
     (lesson 16; lesson 15's STE).
 
-    Per row (a token of activations, an output channel of a weight): scale = max|x| / qmax
-    (qmax = 2^(bits-1) - 1, 7 at 4 bits; an all-zero row gets scale 1), x -> scale *
-    round(x / scale) (half to even, lesson 02). Nothing is clipped (absmax), so the backward
-    pass is the identity. x: (..., n) float; returns x's shape and dtype.
+    The forward value is the course's per-token rule (``quant.fake_quantize(x, "int<bits>",
+    "per_token")``, lessons 02 and 08): per row (a token of activations, an output channel of a
+    weight) scale = max|x| / qmax (7 at 4 bits), x -> scale * round(x / scale), half to even; an
+    all-zero row stays zero. Nothing is clipped (absmax), so the backward pass is the identity.
+    x: (..., n) float; returns x's shape and dtype.
     """
     _bits("bits", bits)
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"x must be a floating-point torch tensor; got "
                         f"{getattr(x, 'dtype', type(x).__name__)}")
-    qmax = 2 ** (bits - 1) - 1
-    with torch.no_grad():
-        scale = x.abs().amax(-1, keepdim=True) / qmax                   # (..., 1)
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        q = torch.round(x / scale) * scale                              # (..., n)
+    q = quant.fake_quantize(x.detach(), f"int{bits}", "per_token")          # (..., n)
     return x + (q - x).detach()                                         # value q, gradient 1
 
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import shlex
 import sys
@@ -120,11 +121,23 @@ def logprobs(model, ids: torch.Tensor, n_windows: int, window: int):
 
 
 def score(model, ids, ref_lp, n_windows, window) -> dict:
-    from course_lib import eval as ceval
+    """Means over the evaluation windows, each window's figures (``windows``) and a bootstrap
+    interval for each mean, as :func:`course_lib.protocol.score` gives them for the course's
+    own models, so the lessons compare the two window by window."""
+    from course_lib import eval as ceval, protocol
     lp, tgt = logprobs(model, ids, n_windows, window)
     kl, top1 = ceval.kl_and_top1(ref_lp, lp)
-    return {"kl_nats": kl, "top1_agreement": top1,
-            "perplexity": ceval.perplexity_from_logprobs(lp, tgt)}
+    # window - 1 predictions per window here: each window is scored alone, its first token
+    # predicting the second
+    ref = ceval.Reference(logprobs=ref_lp, targets=tgt, ids=ids, window=window - 1)
+    w = protocol.window_scores(ref, lp)
+    out = {"kl_nats": kl, "top1_agreement": top1,
+           "perplexity": ceval.perplexity_from_logprobs(lp, tgt), "windows": w}
+    if n_windows > 1:
+        out["interval"] = {"kl_nats": protocol.interval(w["kl_nats"]),
+                           "top1_agreement": protocol.interval(w["top1_agreement"]),
+                           "perplexity": [math.exp(v) for v in protocol.interval(w["nll_nats"])]}
+    return out
 
 
 def weight_scheme(bits: int, group: int = 32) -> dict:
