@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "course_lib.stream", "course_lib.quantize_own",   # lesson 17
         "course_lib.stream_gguf", "course_lib.own_kmix",  # lesson 17
         "course_lib.sensitivity", "course_lib.kmix_table",   # lesson 14
-        "course_lib.rotation_table",   # lesson 16
+        "course_lib.rotation_table", "course_lib.export_rotated",   # lesson 16
         "course_lib.qat")),   # lesson 15
     ("4 timing and kernels", (
         "course_lib.bandwidth", "course_lib.bench", "kernels")),
