@@ -143,15 +143,8 @@ def test_paired_refuses_bad_input():
 RESULTS = __import__("pathlib").Path(__file__).resolve().parent.parent / "results"
 #: SmolLM2 tables not yet rerun on the clean protocol, with the command that reruns each.
 #: The list only shrinks: a table rerun on "clean" must leave it (the test below says so).
-PENDING_V1 = {
-    "llm_compressor_smollm2.json": "python tools/llm_compressor_reference.py",
-    "methods_smollm2_first-split.json": "the first split's methods table, kept for lesson 06's "
-                                        "llm-compressor experiment until that is rerun",
-    "methods_smollm2_llm-compressor.json":
-        "python -m course_lib.experiments.methods_table --model smollm2 ...",
-    "methods_smollm2_llm-compressor-grid.json":
-        "python -m course_lib.experiments.methods_table --model smollm2 ...",
-}
+#: Empty: every committed SmolLM2 table is measured on the clean protocol.
+PENDING_V1: dict[str, str] = {}
 #: SmolLM2 files that score nothing on the evaluation text's windows (speed only).
 NOT_QUALITY = {"smollm2_speed_cpu.json"}
 

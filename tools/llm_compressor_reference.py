@@ -28,14 +28,20 @@ and with SmoothQuant at alpha 0.8 (the course's choice: llm-compressor's default
 Every GPTQ recipe sets ``actorder`` explicitly, so that each row measures what its name says:
 llm-compressor 0.14.0.1's ``GPTQModifier.actorder`` defaults to ``Sentinel("static")``, which
 it resolves to static act-order whenever the scheme sets none (modifiers/gptq/base.py:132,
-154-158). A recipe that leaves it out therefore runs act-order: the "gptq" rows of the record
-committed before this was fixed did, and the record says so. In every GPTQ run the group
-scales come from the memoryless min-max observer on the unmodified weight, before the column
-loop (modifiers/gptq/base.py:235, 313, 340-347; modifiers/quantization/calibration.py:65-67).
+154-158). A recipe that leaves it out therefore runs act-order (the first record's "gptq" rows
+did). In every GPTQ run the group scales come from the memoryless min-max observer on the
+unmodified weight, before the column loop (modifiers/gptq/base.py:235, 313, 340-347;
+modifiers/quantization/calibration.py:65-67).
 
-On a 2-core CPU each GPTQ recipe takes 3-7 minutes and each
-AWQ recipe over an hour; ``--only`` runs some recipes, in the order given, and ``--out`` is
-rewritten after each one, so a stopped run keeps what it measured. llm-compressor 0.14 pins its
+Every row keeps each evaluation window's figures and a bootstrap interval (the clean protocol's
+rules, :mod:`course_lib.protocol`), so a lesson compares llm-compressor with the course window by
+window on the same text.
+
+Time: on a 2-core CPU shared with other jobs a GPTQ recipe took 20-40 minutes (64 x 512
+calibration tokens), an AWQ recipe well over an hour. ``--only`` runs some recipes, in the order
+given; ``--out`` is rewritten after each one, so a stopped run keeps what it measured, and
+``--resume`` continues it (the record's ``runs`` lists each command and what it added);
+``--skip ... --skip-reason`` records recipes left out, and why. llm-compressor 0.14 pins its
 cached activations, which fails without a GPU; the tool makes pinning a no-op there and says so
 in the record.
 """
@@ -191,14 +197,18 @@ def _cpu_only_workaround() -> str | None:
             "0.14 pins cached activations, which fails without one")
 
 
-def run(quick: bool = False, only: list[str] | None = None, out: Path | None = None) -> dict:
+def run(quick: bool = False, only: list[str] | None = None, out: Path | None = None,
+        resume: bool = False, skip: dict[str, str] | None = None) -> dict:
     """Every recipe (or those named in ``only``), scored against the unquantized model; with
     ``out``, the record is rewritten after each recipe, so an interrupted run keeps its rows.
-    A recipe that fails is recorded with its error, not dropped."""
+    A recipe that fails is recorded with its error, not dropped. ``resume``: keep the rows
+    ``out`` already holds (same protocol, versions and reference) and run only what it lacks;
+    the record's ``runs`` lists every command that added rows. ``skip``: recipe -> why it was
+    not run, recorded as such (its figure stays None)."""
     _imports()
     import datasets
     import llmcompressor as llmc
-    from course_lib import device, smollm
+    from course_lib import smollm
     workaround = _cpu_only_workaround()
     n_calib, n_eval = (2, 1) if quick else (CALIB_WINDOWS, EVAL_WINDOWS)
     calib = smollm.calibration_ids(n_calib * WINDOW, protocol=PROTOCOL).view(n_calib, WINDOW)
@@ -213,12 +223,20 @@ def run(quick: bool = False, only: list[str] | None = None, out: Path | None = N
                                                  "transformers", "torch", "datasets")}
     command = "python tools/llm_compressor_reference.py " + shlex.join(sys.argv[1:])
     todo = recipes(quick)
-    unknown = sorted(set(only or ()) - set(todo))
+    unknown = sorted((set(only or ()) | set(skip or ())) - set(todo))
     if unknown:
-        sys.exit(f"--only {unknown}: not recipes of this run ({sorted(todo)})")
+        sys.exit(f"--only/--skip {unknown}: not recipes of this run ({sorted(todo)})")
+    runs = [{"command": command, "recipes": []}]
+    if resume and out is not None and out.exists():
+        rows, runs = _resumed(json.loads(out.read_text()), rows, quick, versions, runs)
+    for name, why in (skip or {}).items():
+        rows[name] = {"skipped": why}
     rec = None
     for name in only or list(todo):                      # in the order asked
+        if name in (skip or {}) or "kl_nats" in rows.get(name, {}):
+            continue                                     # skipped, or measured by an earlier run
         recipe = todo[name]
+        runs[-1]["recipes"].append(name)
         model = load_hf_model()
         t0 = time.perf_counter()
         try:
@@ -232,11 +250,35 @@ def run(quick: bool = False, only: list[str] | None = None, out: Path | None = N
             rows[name] = {**score(model, eval_ids, ref_lp, n_eval, WINDOW), "seconds": seconds}
             print(f"{name:22s} KL {rows[name]['kl_nats']:.4f}  perplexity "
                   f"{rows[name]['perplexity']:.2f}  {seconds:.0f} s", flush=True)
-        rec = record(rows, quick, n_calib, n_eval, versions, device.machine_record(), command)
-        rec["workaround"] = workaround
-        if out is not None:
-            out.write_text(json.dumps(rec, indent=1) + "\n")
+        rec = _write(rows, quick, n_calib, n_eval, versions, command, workaround, runs, out)
+    if rec is None:                                      # nothing left to run: --skip only
+        rec = _write(rows, quick, n_calib, n_eval, versions, command, workaround, runs, out)
     return rec
+
+
+def _write(rows, quick, n_calib, n_eval, versions, command, workaround, runs, out) -> dict:
+    from course_lib import device
+    rec = record(rows, quick, n_calib, n_eval, versions, device.machine_record(), command)
+    rec["workaround"], rec["runs"] = workaround, runs
+    if out is not None:
+        out.write_text(json.dumps(rec, indent=1) + "\n")
+    return rec
+
+
+def _resumed(prev: dict, rows: dict, quick: bool, versions: dict, runs: list):
+    """The rows of an earlier record to continue from, refused if it was measured otherwise."""
+    same = {"quick": prev.get("quick") == quick, "versions": prev.get("versions") == versions,
+            "protocol": prev.get("protocol", {}).get("name") == PROTOCOL,
+            # the same unquantized model on the same windows: the same reference, to float32
+            # summation order (1e-6 relative)
+            "reference": math.isclose(prev["rows"]["baseline"]["perplexity"],
+                                      rows["baseline"]["perplexity"], rel_tol=1e-6)}
+    if not all(same.values()):
+        sys.exit(f"--resume: the record in --out was measured otherwise "
+                 f"({[k for k, v in same.items() if not v]} differ); write to a new file")
+    kept = {k: v for k, v in prev["rows"].items() if k != "baseline" and "kl_nats" in v}
+    return {**rows, **kept}, prev.get("runs", [{"command": prev["command"],
+                                                "recipes": list(kept)}]) + runs
 
 
 def record(rows: dict, quick: bool, n_calib: int, n_eval: int, versions: dict, machine: dict,
@@ -305,8 +347,16 @@ def main(argv=None) -> int:
                         f"{OUT.relative_to(ROOT)}, whose quoted figures it would replace)")
     p.add_argument("--only", nargs="*", default=None,
                    help="run only these recipes, e.g. 'w4_g32 gptq' 'w8a8 none'")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows --out holds already and run only the recipes it lacks")
+    p.add_argument("--skip", nargs="*", default=[],
+                   help="recipes recorded as not run, with --skip-reason")
+    p.add_argument("--skip-reason", default=None, help="why the --skip recipes were not run")
     args = p.parse_args(argv)
-    rec = run(args.quick, args.only, args.out)
+    if args.skip and not args.skip_reason:
+        p.error("--skip needs --skip-reason: the record says why a recipe was not run")
+    rec = run(args.quick, args.only, args.out, args.resume,
+              {n: args.skip_reason for n in args.skip})
     if args.out is None:
         print(json.dumps(rec, indent=1))
     else:
