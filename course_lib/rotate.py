@@ -409,16 +409,17 @@ def rotate_values(model: LlamaModel, seed: int | None = None) -> LlamaModel:
 
 
 def quarot(model: LlamaModel, seed: int = 0, values: bool = True, qk: bool = True,
-           down_proj: bool = True) -> LlamaModel:
+           down_proj: bool = True, Q: torch.Tensor | None = None) -> LlamaModel:
     """QuaRot's rotations on a copy, in order: fold_norms, R1 = random_hadamard(D, seed), then
-    R2 (values), R4 (down_proj input, online) and R3 (queries and keys, online) (lesson 16)."""
+    R2 (values), R4 (down_proj input, online) and R3 (queries and keys, online) (lesson 16).
+    ``Q``: another orthogonal (D, D) for R1 (a learned one, ``spinquant``); seed is then unused."""
     for name, v in (("values", values), ("qk", qk), ("down_proj", down_proj)):
         if not isinstance(v, bool):
             raise TypeError(f"{name} must be True or False; got {v!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be a whole number; got {seed!r}")
-    m = rotate_residual(fold_norms(model),
-                        random_hadamard(model.config.hidden_size, seed, torch.float64))
+    R1 = random_hadamard(model.config.hidden_size, seed, torch.float64) if Q is None else Q
+    m = rotate_residual(fold_norms(model), R1)
     if values:
         m = rotate_values(m)
     if down_proj:

@@ -85,6 +85,10 @@ SEED = 0
 PROTOCOL = "clean"
 #: Formats a weight or an activation can take in the activation rows (:class:`ActQuantLinear`).
 FORMATS = ("int8", "int4", "mxfp4", "nvfp4")
+#: A weight-only format besides them: INT4 with 16 levels, scale = absmax / 7.5 and codes
+#: -8..7 (llm-compressor's symmetric INT4, compressed-tensors' calculate_qparams), against the
+#: course's 15 (absmax / 7, codes -7..7, lesson 02's symmetric grid).
+WEIGHT_FORMATS = FORMATS + ("int4-16",)
 #: Weight-only quantizers (group-wise, methods.calibration's course grid).
 WEIGHT_METHODS = ("rtn-g32", "gptq-g32")
 KV_FORMATS = ("int4-token", "kivi4")
@@ -144,6 +148,9 @@ _ROWS = [
         "int8"),
     Row("w4a4", "W4A4: INT4 weights per channel (RTN), INT4 activations per token", "int4",
         "int4"),
+    Row("w4a4-16", "W4A4 with llm-compressor's INT4 grid for the weights (16 levels: "
+                   "absmax / 7.5, codes -8..7; per channel, RTN), INT4 activations per token",
+        "int4-16", "int4"),
     Row("w4a8-gptq", "W4A8: GPTQ weights (groups of 32), INT8 activations per token",
         "gptq-g32", "int8"),
     Row("w4a4-gptq", "W4A4: GPTQ weights (groups of 32), INT4 activations per token",
@@ -192,9 +199,9 @@ def get_row(row) -> Row:
 
 
 # ----------------------------------------------------------------------------- quantizers
-def _check_format(fmt, what: str) -> None:
-    if fmt is not None and fmt not in FORMATS:
-        raise ValueError(f"{what} must be None (kept in float) or one of {list(FORMATS)}; got "
+def _check_format(fmt, what: str, known=FORMATS) -> None:
+    if fmt is not None and fmt not in known:
+        raise ValueError(f"{what} must be None (kept in float) or one of {list(known)}; got "
                          f"{fmt!r} (INT8 and INT4 are the integer widths this table uses: "
                          f"bits=3 or 'int3' is not one of its rows)")
 
@@ -207,10 +214,16 @@ def fake_quant_weight(w: torch.Tensor, fmt: str) -> torch.Tensor:
     """w (out, in) as ``fmt`` stores it, dequantized (lesson 16's rows): INT8 / INT4 with one
     absmax scale per output channel (``quant.fake_quantize``, per_channel), MXFP4 / NVFP4 in
     blocks along the input (NVFP4's FP32 scale per tensor)."""
-    _check_format(fmt, "the weight format")
+    _check_format(fmt, "the weight format", WEIGHT_FORMATS)
     w = w.detach().float()
     if fmt in ("int8", "int4"):
         return quant.fake_quantize(w, fmt, "per_channel")
+    if fmt == "int4-16":                                  # llm-compressor's symmetric INT4
+        if not bool(torch.isfinite(w).all()):
+            raise ValueError("the weights hold NaN or inf: quantize a finite model")
+        s = w.abs().amax(1, keepdim=True) / 7.5                          # (out, 1)
+        s = torch.where(s == 0, torch.ones_like(s), s)                   # an all-zero row
+        return torch.round(w / s).clamp(-8, 7) * s
     qt = quant.quantize_mxfp4(w) if fmt == "mxfp4" else quant.quantize_nvfp4(w)
     return quant.dequantize(qt)
 
@@ -264,7 +277,7 @@ class ActQuantLinear(nn.Module):
         elif type(linear) is not nn.Linear:
             raise TypeError(f"ActQuantLinear wraps a plain nn.Linear (or a GroupQuantLinear "
                             f"from RTN / GPTQ, for its input only); got {type(linear).__name__}")
-        _check_format(weights, "weights")
+        _check_format(weights, "weights", WEIGHT_FORMATS)
         _check_format(acts, "acts")
         if weights is None and acts is None:
             raise ValueError("weights and acts are both None: nothing to quantize (use the "
@@ -300,7 +313,7 @@ def act_quant_model(model: LlamaModel, weights: str | None, acts: str | None) ->
     (``weights`` must be None) and gets its input quantized."""
     import copy
     from course_lib.methods.calibration import GroupQuantLinear
-    _check_format(weights, "weights")
+    _check_format(weights, "weights", WEIGHT_FORMATS)
     _check_format(acts, "acts")
     if not isinstance(model, LlamaModel):
         raise TypeError(f"act_quant_model takes a course LlamaModel; got {type(model).__name__}")
@@ -430,8 +443,8 @@ def quantize(base: LlamaModel, row, calib_ids=None, smooth_windows: int | None =
             m = gptq.gptq_model(m, calib_ids, WEIGHT_BITS, WEIGHT_GROUP, progress=progress)[0]
             if memo is not None:
                 memo[key] = m
-    if row.acts is not None or row.weights in FORMATS:
-        m = act_quant_model(m, row.weights if row.weights in FORMATS else None, row.acts)
+    if row.acts is not None or row.weights in WEIGHT_FORMATS:
+        m = act_quant_model(m, row.weights if row.weights in WEIGHT_FORMATS else None, row.acts)
     if row.kv is not None:
         m = WithCache(m, kv_cache(m.config, row.kv))
     return m
@@ -619,4 +632,72 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{r['row']:14s} {f(p, 'kl_nats', '9.4f')} {f(q, 'kl_nats', '9.4f')} "
                      f"{f(p, 'top1_agreement', '8.4f')} {f(q, 'top1_agreement', '8.4f')} "
                      f"{f(p, 'perplexity', '8.3f')} {f(q, 'perplexity', '8.3f')}  {diff}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the reference
+#: llm-compressor's rotation recipes beside the course's rows (tools/llm_compressor_rotation.py
+#: writes the record): (label, course row, general case?, llm-compressor's plain recipe, its
+#: QuaRot-style recipe (SpinQuantModifier R1-R4), its QuIP recipe).
+REFERENCE_PAIRS = (
+    ("W4A16 RTN g32", "w4a16-rtn", False, "w4_g32 rtn"),
+    ("W4A16 GPTQ g32", "w4a16-gptq", False, "w4_g32 gptq"),
+    ("W8A8", "w8a8", False, "w8a8 rtn"),
+    ("W4A4 RTN", "w4a4", False, "w4a4 rtn"),
+    ("W4A4 RTN, 16-level grid", "w4a4-16", False, "w4a4 rtn"),
+    ("W4A16 RTN g32, off grid", "w4a16-rtn", True, "off_grid w4_g32 rtn"),
+    ("W4A16 GPTQ g32, off grid", "w4a16-gptq", True, "off_grid w4_g32 gptq"),
+)
+REFERENCE_FILE = "llm_compressor_rotation_smollm2.json"
+
+
+def load_reference() -> dict:
+    """llm-compressor's QuIP / SpinQuant record on SmolLM2 (results/
+    llm_compressor_rotation_smollm2.json, written by tools/llm_compressor_rotation.py in
+    llm-compressor's own environment)."""
+    path = RESULTS_DIR / REFERENCE_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run tools/llm_compressor_rotation.py (its "
+                                f"docstring says how) and write it there")
+    return json.loads(path.read_text())
+
+
+def reference_pairs(table: dict, rec: dict) -> list[dict]:
+    """Each course row beside llm-compressor's recipe of the same scheme on the same windows:
+    KL without a rotation (course, llm-compressor), with QuaRot's rotations (the course's
+    ``rotate.quarot``; llm-compressor's SpinQuantModifier with R1-R4, random Hadamard) and
+    llm-compressor's QuIPModifier (every Linear's input rotated online), and the course's
+    rotated KL minus llm-compressor's QuaRot-style one window by window (``protocol.paired``;
+    None where a recipe did not run)."""
+    out = []
+    for label, row, general, plain in REFERENCE_PAIRS:
+        scheme, quantizer = plain.rsplit(" ", 1)
+        r = find(table, row, general)
+        ref = {k: rec["rows"].get(f"{scheme} {k}{quantizer}") for k in
+               ("", "spinquant_r1-r4+", "quip+")}
+        kl = lambda d: d.get("kl_nats") if d else None  # noqa: E731
+        quarot = ref["spinquant_r1-r4+"]
+        ok = quarot and "windows" in quarot and r["rotated"]
+        out.append({"label": label, "course_plain": r["plain"]["kl_nats"],
+                    "course_rotated": r["rotated"]["kl_nats"], "llmc_plain": kl(ref[""]),
+                    "llmc_quarot": kl(quarot), "llmc_quip": kl(ref["quip+"]),
+                    "course_minus_llmc": cprotocol.paired(
+                        r["rotated"]["windows"]["kl_nats"], quarot["windows"]["kl_nats"])
+                    if ok else None})
+    return out
+
+
+def format_reference(pairs: list[dict]) -> str:
+    """:func:`reference_pairs` as plain text."""
+    f = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+    lines = [f"{'':26s} {'no rotation':>21s} {'QuaRot rotations':>21s} {'QuIP':>7s}",
+             f"{'':26s} {'course':>10s} {'llm-c.':>10s} {'course':>10s} {'llm-c.':>10s} "
+             f"{'llm-c.':>7s}  course - llm-c. (rotated) [95%], windows course wins"]
+    for p in pairs:
+        c = p["course_minus_llmc"]
+        d = (f"{c['diff']:+.4f} [{c['interval'][0]:+.4f}, {c['interval'][1]:+.4f}] "
+             f"{c['a_better']}/{c['n_windows']}") if c else "-"
+        lines.append(f"{p['label']:26s} {f(p['course_plain']):>10s} {f(p['llmc_plain']):>10s} "
+                     f"{f(p['course_rotated']):>10s} {f(p['llmc_quarot']):>10s} "
+                     f"{f(p['llmc_quip']):>7s}  {d}")
     return "\n".join(lines)

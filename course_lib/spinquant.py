@@ -31,8 +31,12 @@ Here the same idea at the size of one block, fast enough to train live on a CPU:
 
 SpinQuant trains one R1 for the whole model on the network's final loss; a rotation trained on
 one block fits that block's inputs and is a lesson-sized picture of the idea, not a
-replacement for the full run (the course's full-model figure comes from the rotation table's
-module command).
+replacement for the full run. The full run, small, is :func:`train_rotation_model`: the whole
+model (:func:`trainable_model`: norms folded, R2 and R4 fixed, every block Linear's input in
+INT4, weights float) trained on its next-token loss from the same random Hadamard; the module
+command ``python -m course_lib.experiments.spinquant_full`` runs it on SmolLM2 and scores the
+learned R1 against the random one (``results/spinquant_smollm2.json``, read by
+:func:`load_record`).
 
     X = capture_block_inputs(model, calib_ids, layer=5)          # calibration tokens
     W = block_weights(model, layer=5)
@@ -42,7 +46,9 @@ module command).
 """
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -182,6 +188,19 @@ def fake_quant_ste(x: torch.Tensor, bits: int = 4) -> torch.Tensor:
                         f"{getattr(x, 'dtype', type(x).__name__)}")
     q = quant.fake_quantize(x.detach(), f"int{bits}", "per_token")          # (..., n)
     return x + (q - x).detach()                                         # value q, gradient 1
+
+
+def fake_quant_scale_ste(x: torch.Tensor, bits: int = 4) -> torch.Tensor:
+    """The same per-token rule as :func:`fake_quant_ste`, with the gradient through the scale
+    as well (lesson 16; SpinQuant's quantizer): s * round(x / s), s = max|x_row| / qmax, only
+    ``round`` passed straight through. The value is identical; the backward pass now sees that
+    a larger max|x| makes every step of the row coarser, which is what a rotation changes."""
+    _bits("bits", bits)
+    qmax = 2 ** (bits - 1) - 1
+    s = x.abs().amax(-1, keepdim=True) / qmax                            # (..., 1)
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    z = x / s
+    return s * (z + (torch.round(z) - z).detach())                      # round half to even
 
 
 def _check_parts(X, W) -> None:
@@ -349,3 +368,277 @@ def train_rotation(X: dict, W: dict, steps: int = 30, lr: float = 1e-4, seed: in
     if not all(math.isfinite(h) for h in history):
         raise FloatingPointError(f"the loss became non-finite ({history[-3:]}); lower lr")
     return rot, history
+
+
+# ----------------------------------------------------------------------------- the whole model
+class _Basis:
+    """The rotation being learned, shared by every reader of the residual stream: the current
+    Q (set once per step) and the last rotated, quantized input (q, k, v read one tensor;
+    gate and up another), so each is rotated and rounded once."""
+
+    def __init__(self, a_bits: int, fq=None):
+        self.a_bits, self.Q, self.fq = a_bits, None, fq or fake_quant_scale_ste
+        self.x = self.xq = None
+
+    def rotated_input(self, x: torch.Tensor) -> torch.Tensor:
+        if x is not self.x:
+            self.x, self.xq = x, self.fq(x.float() @ self.Q, self.a_bits)
+        return self.xq
+
+
+class _LearnedReader(nn.Module):
+    """q/k/v/gate/up of the norm-folded model seen in the learned basis: fq(x Q) (W Q)^T, which
+    is x W^T when nothing is rounded (lesson 16: the reader's weight W Q, its input x Q)."""
+
+    def __init__(self, linear: nn.Linear, basis: _Basis, w_bits: int | None):
+        super().__init__()
+        self.weight, self.bias, self.basis, self.w_bits = linear.weight, linear.bias, basis, w_bits
+
+    def forward(self, x):                                                # (..., D)
+        w = self.weight.float() @ self.basis.Q                           # (out, D) W Q
+        if self.w_bits is not None:
+            w = self.basis.fq(w, self.w_bits)
+        return nn.functional.linear(self.basis.rotated_input(x), w, self.bias)
+
+
+class _QuantInput(nn.Module):
+    """o_proj / down_proj: the input rounded per token (gradient straight through), W float or
+    rounded per output channel."""
+
+    def __init__(self, linear: nn.Linear, a_bits: int, w_bits: int | None, fq):
+        super().__init__()
+        w = linear.weight.detach().float()
+        self.weight = w if w_bits is None else quant.fake_quantize(w, f"int{w_bits}", "per_channel")
+        self.bias, self.a_bits, self.fq = linear.bias, a_bits, fq
+
+    def forward(self, x):
+        return nn.functional.linear(self.fq(x.float(), self.a_bits), self.weight, self.bias)
+
+
+class _MatrixRotation(nn.Module):
+    """R4 as a plain matmul x @ R (the same matrix as the online fwht; autograd-friendly)."""
+
+    def __init__(self, R: torch.Tensor):
+        super().__init__()
+        self.register_buffer("R", R.float())
+
+    def forward(self, x):
+        return x.float() @ self.R
+
+
+def trainable_model(model: LlamaModel, a_bits: int = 4, w_bits: int | None = None,
+                    scale_grad: bool = True) -> tuple[LlamaModel, _Basis]:
+    """SmolLM2 (or the bundled model) as SpinQuant trains it, with R1 left open (lesson 16).
+
+    A copy of ``model`` with the norms folded, R2 fused into v_proj / o_proj and R4 online on
+    down_proj's input (QuaRot's fixed rotations, :func:`course_lib.rotate.quarot`'s steps
+    but R1 and R3), every block Linear's input rounded per token to ``a_bits`` and the
+    weights kept in float (``w_bits=None``: SpinQuant's advice when GPTQ quantizes the
+    weights afterwards) or rounded per output channel. The readers of the residual stream
+    (q, k, v, gate, up) compute fq(x Q) (W Q)^T with Q = ``basis.Q``, to be set before each
+    forward: in exact arithmetic the model ``rotate.quarot(model, Q=Q)`` quantized as
+    ``rotation_table``'s row ``a4`` (``w4a4`` with ``w_bits=4``). R3 is left out: it moves no
+    Linear's input, only the KV cache. Every parameter is frozen. ``scale_grad``: the rounding
+    passes its gradient through the per-token scale too (:func:`fake_quant_scale_ste`, as
+    SpinQuant's quantizer does), or not (:func:`fake_quant_ste`): without it the gradient cannot
+    see that a rotation lowers a token's max |x|, and on SmolLM2 two batches' gradients are
+    nearly unrelated (:func:`gradient_coherence`).
+    """
+    from course_lib import rotate
+    _bits("a_bits", a_bits)
+    _bits("w_bits", w_bits, allow_none=True)
+    if not isinstance(model, LlamaModel):
+        raise TypeError(f"model must be a course LlamaModel; got {type(model).__name__}")
+    if getattr(model, "rotation_steps", None):
+        raise ValueError(f"this model is already rotated ({model.rotation_steps}): learn the "
+                         f"rotation on the original float model")
+    m = rotate.online_down_proj(rotate.rotate_values(rotate.fold_norms(model)))
+    m.requires_grad_(False)
+    if not isinstance(scale_grad, bool):
+        raise TypeError(f"scale_grad must be True or False; got {scale_grad!r}")
+    fq = fake_quant_scale_ste if scale_grad else fake_quant_ste
+    basis = _Basis(a_bits, fq)
+    for block in m.model.layers:
+        att, mlp = block.self_attn, block.mlp
+        for parent, names in ((att, ATTN_READERS), (mlp, MLP_READERS)):
+            for name in names:
+                setattr(parent, name, _LearnedReader(getattr(parent, name), basis, w_bits))
+        att.o_proj = _QuantInput(att.o_proj, a_bits, w_bits, fq)
+        mlp.down_rotation = _MatrixRotation(mlp.down_rotation.matrix(torch.float32))
+        mlp.down_proj = _QuantInput(mlp.down_proj, a_bits, w_bits, fq)
+    return m, basis
+
+
+def _lm_loss(m: LlamaModel, ids: torch.Tensor, teacher: LlamaModel | None = None
+             ) -> torch.Tensor:
+    """Next-token cross-entropy of ``m`` on ``ids`` (B, T), or with a ``teacher`` (the float
+    model) the KL divergence from the teacher's next-token distribution, nats per token."""
+    logits = m(ids)[:, :-1].float()                                      # (B, T-1, V)
+    if teacher is None:
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                           ids[:, 1:].reshape(-1))
+    with torch.no_grad():
+        p = torch.log_softmax(teacher(ids)[:, :-1].float(), -1)          # (B, T-1, V)
+    q = torch.log_softmax(logits, -1)
+    return (p.exp() * (p - q)).sum(-1).mean()
+
+
+def gradient_coherence(model: LlamaModel, ids: torch.Tensor, batch: int = 2,
+                       scale_grad: bool = True, seed: int = 0) -> list[float]:
+    """How much two batches agree on where to move R1 (lesson 16): the gradient of the W16A4
+    model's KL (:func:`trainable_model`) with respect to P at the random Hadamard, on each
+    ``batch`` windows of ``ids`` (n, T), and the cosine between every two of them. Near 0:
+    each batch points somewhere else, and a few steps learn noise; near 1: they agree."""
+    _whole("batch", batch, 1)
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or len(ids) < 2 * batch:
+        raise ValueError(f"ids must be (n, T) token windows with n >= 2 * batch = {2 * batch}")
+    m, basis = trainable_model(model, scale_grad=scale_grad)
+    rot = LearnedRotation(model.config.hidden_size, seed)
+    grads = []
+    for i in range(0, len(ids) - batch + 1, batch):
+        basis.Q, rot.P.grad = rot(), None
+        _lm_loss(m, ids[i:i + batch], model).backward()
+        grads.append(skew(rot.P.grad).flatten())
+        basis.x = basis.xq = None
+    return [float(torch.nn.functional.cosine_similarity(a, b, 0))
+            for i, a in enumerate(grads) for b in grads[i + 1:]]
+
+
+def loss_along_gradient(model: LlamaModel, grad_ids: torch.Tensor, val_ids: torch.Tensor,
+                        etas=(0.003, 0.03), seed: int = 0) -> dict:
+    """The W16A4 model's KL (:func:`trainable_model`) at P = -eta * g, g the gradient at the
+    random Hadamard on ``grad_ids`` (lesson 16): on those same windows and on ``val_ids``, for
+    eta = 0 and each of ``etas``. Where the gradient predicts the loss, a small step lowers
+    the loss on the windows it came from; on a rough landscape it need not."""
+    m, basis = trainable_model(model)
+    rot = LearnedRotation(model.config.hidden_size, seed)
+    basis.Q = rot()
+    _lm_loss(m, grad_ids, model).backward()
+    g = rot.P.grad.detach().clone()
+    basis.x = basis.xq = None
+
+    def mean_kl(ids):
+        return float(sum(_lm_loss(m, ids[i:i + 1], model) for i in range(len(ids))) / len(ids))
+
+    out = []
+    for eta in (0.0,) + tuple(etas):
+        with torch.no_grad():
+            rot.P.copy_(-eta * g)
+            basis.Q = rot()
+            out.append({"eta": eta, "step_norm": float(eta * g.norm()),
+                        "kl_grad_windows": mean_kl(grad_ids), "kl_val_windows": mean_kl(val_ids)})
+        basis.x = basis.xq = None
+    return {"grad_norm": float(g.norm()), "points": out}
+
+
+def train_rotation_model(model: LlamaModel, train_ids: torch.Tensor, val_ids: torch.Tensor,
+                         steps: int = 40, lr: float = 1e-4, batch: int = 2, seed: int = 0,
+                         a_bits: int = 4, w_bits: int | None = None, val_every: int = 10,
+                         objective: str = "kl", optimizer: str = "sgd",
+                         progress: bool = False) -> tuple[LearnedRotation, dict]:
+    """Learn R1 for the WHOLE model on its quantized next-token loss (SpinQuant's run, small;
+    lesson 16's module command ``course_lib.experiments.spinquant_full``).
+
+    The model of :func:`trainable_model`; Q = random_hadamard(D, seed) @ cayley(skew(P)) with
+    P trained by Adam (cosine to 0) on ``train_ids`` (n, T), ``batch`` windows a step,
+    cycling. ``objective``: ``"kl"``, the KL divergence of the quantized model's next-token
+    distribution from the float model's (what the course's tables score), or ``"ce"``, the
+    next-token cross-entropy that SpinQuant's script trains (the transformers Trainer's loss,
+    with Cayley SGD, 100 steps of 8 x 2048 tokens). ``optimizer``: ``"sgd"`` (momentum 0.9:
+    each step follows the gradient's size, as SpinQuant's Cayley SGD does) or ``"adam"`` (as
+    :func:`train_rotation`; on the whole model it moves every entry of P by about ``lr`` a
+    step, most of them along directions the noisy small-batch gradient barely supports).
+    Every ``val_every`` steps (and at 0 and the end) the same loss on ``val_ids`` (more
+    calibration windows, never evaluation text) is measured and the P with the lowest one is
+    kept: early stopping on calibration text. Returns the rotation (at its best P) and the
+    history: train losses per step, (step, validation loss) pairs, the best step, seconds.
+    """
+    import time
+    _whole("steps", steps, 1)
+    _whole("batch", batch, 1)
+    _whole("val_every", val_every, 1)
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < 1:
+        raise ValueError(f"lr must be a number in (0, 1), e.g. 1e-4; got {lr!r}")
+    for name, ids in (("train_ids", train_ids), ("val_ids", val_ids)):
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+            raise ValueError(f"{name} must be token windows (n, T), an integer tensor; got "
+                             f"{getattr(ids, 'shape', type(ids).__name__)}")
+        model.check_ids(ids)
+    if objective not in ("kl", "ce"):
+        raise ValueError(f"objective must be 'kl' (from the float model) or 'ce' (next-token "
+                         f"cross-entropy); got {objective!r}")
+    if optimizer not in ("sgd", "adam"):
+        raise ValueError(f"optimizer must be 'sgd' or 'adam'; got {optimizer!r}")
+    teacher = model if objective == "kl" else None
+    m, basis = trainable_model(model, a_bits, w_bits)
+    rot = LearnedRotation(model.config.hidden_size, seed)
+    opt = (torch.optim.SGD(rot.parameters(), lr=lr, momentum=0.9) if optimizer == "sgd" else
+           torch.optim.Adam(rot.parameters(), lr=lr))
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+
+    def validate() -> float:
+        with torch.no_grad():
+            basis.Q = rot()
+            return float(sum(_lm_loss(m, val_ids[i:i + 1], teacher)
+                             for i in range(len(val_ids))) / len(val_ids))
+
+    t0 = time.perf_counter()
+    train, val = [], [(0, validate())]
+    best = (val[0][1], 0, rot.P.detach().clone())
+    it = range(steps)
+    if progress:
+        from tqdm.auto import tqdm
+        it = tqdm(it, desc="learning R1 on the whole model", leave=False)
+    for step in it:
+        i = (step * batch) % len(train_ids)
+        xb = torch.cat([train_ids, train_ids])[i:i + batch]               # (batch, T), cycling
+        basis.Q = rot()
+        loss = _lm_loss(m, xb, teacher)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        basis.x = basis.xq = None                                        # drop the graph
+        train.append(float(loss.detach()))
+        if not math.isfinite(train[-1]):
+            raise FloatingPointError(f"the loss became non-finite at step {step}; lower lr")
+        if (step + 1) % val_every == 0 or step + 1 == steps:
+            v = validate()
+            val.append((step + 1, v))
+            if v < best[0]:
+                best = (v, step + 1, rot.P.detach().clone())
+        if progress:
+            it.set_postfix(loss=f"{train[-1]:.3f}", val=f"{val[-1][1]:.3f}")
+    with torch.no_grad():
+        rot.P.copy_(best[2])
+    return rot, {"train_loss": train, "val_loss": val, "best_step": best[1],
+                 "seconds": round(time.perf_counter() - t0, 1)}
+
+
+# ----------------------------------------------------------------------------- the full-model record
+#: The command that learns R1 on the whole model and scores it (results/spinquant_<model>.json),
+#: the rows it scores (``course_lib.rotation_table``'s), the random Hadamard seeds beside it and
+#: its training defaults.
+COMMAND = "python -m course_lib.experiments.spinquant_full"
+ROWS = ("a4", "w4a4", "w4a4-gptq")
+DEFAULT_ROWS = ("a4",)
+SEEDS = (0, 1, 2)
+TRAIN = {"steps": 8, "lr": 1e-3, "batch": 4, "val_every": 4, "a_bits": 4, "w_bits": None,
+         "objective": "kl", "optimizer": "sgd",
+         "train_windows": "3/4 of the calibration windows", "val_windows": "the last 1/4"}
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
+
+
+def results_path(model_name: str) -> Path:
+    """results/spinquant_<model>.json (``"smollm2"`` or ``"bundled"``)."""
+    if model_name not in ("smollm2", "bundled"):
+        raise ValueError(f"unknown model {model_name!r}; known: smollm2, bundled")
+    return RESULTS_DIR / f"spinquant_{model_name}.json"
+
+
+def load_record(model_name: str = "smollm2") -> dict:
+    """The committed full-model record (lesson 16 reads it)."""
+    path = results_path(model_name)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run `{COMMAND} --model {model_name}`")
+    return json.loads(path.read_text())

@@ -121,6 +121,7 @@ WRITERS = {
     "course_lib/experiments/sensitivity_scan.py": ["write"],   # lesson 14
     "course_lib/experiments/kmix_table.py": ["write_table"],   # lesson 14
     "course_lib/experiments/rotation_table.py": ["write_table"],   # lesson 16
+    "course_lib/experiments/spinquant_full.py": ["run", "add_coherence"],   # lesson 16
 }
 # modules that write JSON and mention results/ but write no results file
 NOT_WRITERS = {

@@ -373,3 +373,50 @@ def test_committed_slice_recomputes(bundled):
         for key in ("plain", "rotated"):
             for k in ("kl_nats", "top1_agreement", "perplexity"):
                 assert a[key][k] == pytest.approx(b[key][k], rel=2e-2, abs=1e-4), (a["row"], k)
+
+
+def test_reference_pairs_put_llm_compressors_recipes_beside_the_course_rows():
+    """Synthetic record: each pair reads the course's row and llm-compressor's three recipes of
+    the same scheme, and pairs the two rotated models window by window; a recipe that failed
+    (or is missing) leaves None, never a number from another recipe."""
+    table = RT.load_table("smollm2")
+    w = lambda v: {"kl_nats": v, "windows": {"kl_nats": [v] * 8}}  # noqa: E731
+    rec = {"rows": {"w8a8 rtn": w(0.03), "w8a8 spinquant_r1-r4+rtn": w(0.01),
+                    "w8a8 quip+rtn": w(0.002),
+                    "w4a4 rtn": w(6.0), "w4a4 spinquant_r1-r4+rtn": {"error": "boom"}}}
+    pairs = {p["label"]: p for p in RT.reference_pairs(table, rec)}
+    assert [p[0] for p in RT.REFERENCE_PAIRS] == list(pairs)
+    p = pairs["W8A8"]
+    course = RT.find(table, "w8a8")
+    assert p["course_plain"] == course["plain"]["kl_nats"]
+    assert p["course_rotated"] == course["rotated"]["kl_nats"]
+    assert (p["llmc_plain"], p["llmc_quarot"], p["llmc_quip"]) == (0.03, 0.01, 0.002)
+    c = p["course_minus_llmc"]
+    assert c["n_windows"] == 8
+    assert c["diff"] == pytest.approx(course["rotated"]["kl_nats"] - 0.01)
+    q = pairs["W4A4 RTN"]
+    assert q["llmc_plain"] == 6.0 and q["llmc_quarot"] is None and q["course_minus_llmc"] is None
+    assert pairs["W4A16 GPTQ g32"]["llmc_plain"] is None
+    off = pairs["W4A16 RTN g32, off grid"]
+    assert off["course_plain"] == RT.find(table, "w4a16-rtn", general=True)["plain"]["kl_nats"]
+    text = RT.format_reference(list(pairs.values()))
+    assert "W8A8" in text and "QuIP" in text and len(text.splitlines()) == 2 + len(pairs)
+
+
+def test_committed_smollm2_table():
+    """results/rotation_smollm2.json: every row on the clean protocol's 8 windows, the weight
+    rows again off the Q4_1 grid, the live slice, and calibration text disjoint from the
+    scored text (the split is course_lib.data.clean_split's; checked in tests/test_protocol)."""
+    t = RT.load_table("smollm2")
+    st = RT.SETTINGS["smollm2"]
+    _check_table(t, "smollm2", st["eval_windows"], list(RT.ROWS))
+    assert t["protocol"]["name"] == "clean" and t["protocol"]["window_tokens"] == st["eval_window"]
+    assert t["protocol"]["calibration"]["windows"] == st["calib_windows"]
+    assert "clean_split()[0]" in t["protocol"]["calibration"]["text"]
+    assert "clean_split()[1]" in t["protocol"]["text"]
+    g = t["general_case"]
+    assert [r["row"] for r in g["rows"]] == list(RT.GENERAL_ROWS)
+    for r in g["rows"]:
+        _check_score(r["plain"], st["eval_windows"])
+        _check_score(r["rotated"], st["eval_windows"])
+    assert abs(RT.find(t, "fp")["rotated"]["kl_nats"]) < 1e-6
