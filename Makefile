@@ -46,7 +46,7 @@ test: setup
 DISPATCH_ENV   := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
 DISPATCH_TESTS := notebooks/04_a_real_model.ipynb notebooks/05_llm_int8.ipynb notebooks/06_gptq.ipynb \
 	notebooks/07_awq.ipynb notebooks/08_smoothquant_w8a8.ipynb notebooks/11_kv_cache.ipynb \
-	notebooks/12_validate_and_choose.ipynb notebooks/17_your_own_model.ipynb solutions/05_llm_int8.ipynb solutions/06_gptq.ipynb \
+	notebooks/12_validate_and_choose.ipynb notebooks/16_rotations.ipynb notebooks/17_your_own_model.ipynb solutions/05_llm_int8.ipynb solutions/06_gptq.ipynb \
 	exercises/06_gptq.ipynb \
 	tests/test_spread.py
 test-dispatch: setup

@@ -36,7 +36,7 @@ MOVED = {
 }
 WRITERS = {"methods_table": "methods_table.py", "kmix_table": "kmix_table.py",
            "sensitivity_scan": "sensitivity_scan.py", "qat_tables": "qat_tables.py",
-           "rotation_table": "rotation_table.py"}
+           "rotation_table": "rotation_table.py", "spinquant_full": "spinquant_full.py"}
 #: the old commands; results/ is not searched (see the module docstring)
 OLD_COMMAND = re.compile(
     r"-m\s+course_lib\.(?:methods\.table|kmix_table|qat_tables|sensitivity)\b"

@@ -362,3 +362,30 @@ def test_gradient_coherence_pairs_every_two_batches(bundled, calib_ids):
         S.gradient_coherence(bundled, ids[:3], batch=2)
     with pytest.raises(TypeError, match="scale_grad"):
         S.trainable_model(bundled, scale_grad=1)
+
+
+def test_the_committed_full_model_record():
+    """results/spinquant_smollm2.json (python -m course_lib.experiments.spinquant_full): trained
+    on calibration windows only, scored on the clean protocol's 8 windows, with the machine,
+    the gradient check and the line search lesson 16 reads."""
+    rec = S.load_record("smollm2")
+    assert rec["command"].startswith(S.COMMAND) and rec["machine"]["cpu"]
+    assert rec["protocol"]["name"] == "clean" and rec["protocol"]["n_windows"] == 8
+    tr = rec["training"]
+    assert tr["train_windows"] == 12 and tr["val_windows"] == 4 and tr["objective"] == "kl"
+    assert tr["orthogonality_error"] < 1e-12
+    best = min(tr["val_loss"], key=lambda sv: sv[1])
+    assert tr["best_step"] == best[0]
+    assert ("learned_skipped" in rec) == (tr["best_step"] == 0)
+    (a4,) = [r for r in rec["rows"] if r["row"] == "a4"]
+    assert len(a4["hadamard"]["windows"]["kl_nats"]) == 8
+    from course_lib import rotation_table as rt
+    # the random Hadamard's A4 is the rotation table's a4 row (same model, same windows)
+    assert a4["hadamard"]["kl_nats"] == pytest.approx(
+        rt.find(rt.load_table("smollm2"), "a4")["rotated"]["kl_nats"], rel=1e-6)
+    assert [s["seed"] for s in rec["seeds"]] == list(S.SEEDS)
+    assert len(rec["line_search"]["points"]) == 3
+    c = rec["gradient_coherence"]
+    assert len(c["scale_gradient"]) == len(c["scale_detached"]) == 3 and c["machine"]["cpu"]
+    with pytest.raises(ValueError, match="unknown model"):
+        S.results_path("llama")
