@@ -1,21 +1,28 @@
 """Lesson 16's full-model learned rotation: SpinQuant's idea on the whole of SmolLM2, written to
 ``results/spinquant_<model>.json``.
 
-    python -m course_lib.experiments.spinquant_full --model smollm2      # about 30 minutes
-    python -m course_lib.experiments.spinquant_full --model bundled      # a few minutes
+    python -m course_lib.experiments.spinquant_full --model smollm2      # 11 min on 2 cores
+    python -m course_lib.experiments.spinquant_full --model smollm2 --add-coherence  # +1-2 min
+    python -m course_lib.experiments.spinquant_full --model bundled      # under a minute
     python -m course_lib.experiments.spinquant_full --model smollm2 --steps 2 --windows 1 \
         --rows a4 --seeds 0 --out /tmp/s.json                            # a smoke run
 
-R1 is learned on the model's quantized next-token KL from the float model with the activations in INT4 and the
-weights in float (``spinquant.train_rotation_model``: SpinQuant's setting W16A4 for a model
-whose weights GPTQ quantizes afterwards), starting from QuaRot's random Hadamard (seed 0), on
-the first 12 of the rotation table's 16 calibration windows, early-stopped on the other 4.
-Then the learned R1 replaces the random one in ``rotate.quarot`` and the rotation table's rows
-(``course_lib.rotation_table``: ``a4``, ``w4a4``, ``w4a4-gptq``) are scored with each on the
-table's evaluation windows (the clean protocol for SmolLM2), learned minus random window by
-window (``protocol.paired``). The random Hadamard's own spread comes beside it: the ``a4`` row
-with R1 from other seeds, as SpinQuant's observation that random rotations differ needs.
-Nothing that chooses (training, early stopping, GPTQ) reads the evaluation text.
+R1 is learned on the KL of the quantized model's next-token distribution from the float
+model's, with every block Linear's input in INT4 and the weights in float
+(``spinquant.train_rotation_model``: SpinQuant's W16A4 setting for a model whose weights GPTQ
+quantizes afterwards), the rounding's gradient passed through the per-token scale as well,
+starting from QuaRot's random Hadamard (seed 0), on the first 12 of the rotation table's 16
+calibration windows, early-stopped on the other 4. A line search along the first gradient
+(``spinquant.loss_along_gradient``) records whether the loss follows it. If a step beat the
+start, the learned R1 replaces the random one in ``rotate.quarot`` and the rotation table's
+rows (``course_lib.rotation_table``: ``--rows``, of ``a4``, ``w4a4``, ``w4a4-gptq``; ``a4`` by
+default) are scored with each on the table's evaluation windows (the clean protocol for
+SmolLM2), learned minus random window by window (``protocol.paired``); if early stopping kept
+the start, the record says so and scores the random one only. The random Hadamard's own
+spread comes beside it: the ``a4`` row with R1 from other seeds (SpinQuant's observation is
+that random rotations differ). ``--add-coherence`` adds how far two batches' gradients agree,
+with and without the scale's gradient (``spinquant.gradient_coherence``). Nothing that
+chooses (training, early stopping, GPTQ) reads the evaluation text.
 """
 from __future__ import annotations
 
