@@ -53,7 +53,7 @@ against that moved model: ``general_case``), and the bundled model, trained in f
 general case throughout. Activations and the KV cache carry no such grid.
 
 Time (measured at 1 thread on 2 shared cores, load average about 5; the JSON records every
-variant's seconds): the bundled table 70-160 s. SmolLM2's full table is about 46 scoring passes
+variant's seconds): the bundled table 70-160 s. SmolLM2's full table is about 48 scoring passes
 over 8 windows of 512 tokens plus 4 GPTQ runs (the GPTQ rows share one GPTQ model per base):
 ``--windows 1`` took 18 min, 12 of them GPTQ, so the full table needs about an hour. Rows are
 written as they finish; ``--resume`` keeps rows measured under the same protocol.
